@@ -1,0 +1,3 @@
+from testbed.run import main
+
+raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""Strategies `ring` (our peer-to-peer ring allreduce) and `allreduce-torch` (the library baseline).
+
+Every worker holds a full replica. Per step each computes its gradient, the gradient buckets
+(tensor fusion, last layers first, `--bucket-mb`) are summed across workers — by our ring
+schedule (`ring.py`, moved by `peer.py`) or by torch.distributed.all_reduce — divided by N, and
+every worker applies the same SGD update to its own replica. No parameter is ever sent; per
+step each worker sends 2K(N-1)/N bytes (K = gradient bytes), independent of N for large N,
+which is why the ring's step time stays flat while a single parameter server's grows with N.
+Cost per step (no overlap, b buckets): 2(N-1)(b a + K/(N B)).
+
+With `--overlap` (default) a bucket's allreduce starts as soon as backward has produced it, on
+a communication thread, while backward goes on; `overlap_saved_s` reports the allreduce time
+hidden behind compute. The driver only starts steps and collects timings.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import ray
+
+from testbed import remote
+from testbed.allreduce.peer import RingPeer
+from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
+
+RemotePeer = ray.remote(RingPeer)
+CONCURRENCY = 4  # step thread + deliver threads (messages from the left neighbour)
+
+
+class RingAllreduce(Strategy):
+    name = "ring"
+    family = "allreduce"
+    library = False
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.peers = remote.spawn(RemotePeer, self.cluster, cfg.workers, cfg, device=self.cluster.device,
+                                  concurrency=CONCURRENCY, library=self.library)
+        t = cfg.cluster.timeout_s
+        remote.get([p.ping.remote() for p in self.peers], t, "ring worker start-up")
+        params = remote.get(self.peers[0].get_params.remote(), t, "initial parameters")
+        ref = ray.put(params)
+        remote.get([p.set_params.remote(ref) for p in self.peers], t, "parameter broadcast")
+        if self.library or cfg.ring.transport == "torch":
+            host, port = remote.get(self.peers[0].rendezvous.remote(), t, "rendezvous")
+            remote.get([p.connect_torch.remote(host, port) for p in self.peers], t, "torch.distributed init")
+        if not self.library:
+            remote.get([p.connect_ring.remote(self.peers) for p in self.peers], t, "ring wiring")
+            if cfg.ring.transport == "torch":  # connect_ring set object-store; torch wins
+                remote.get([p.connect_torch_transport.remote() for p in self.peers], t, "transport")
+        self.layout = remote.get(self.peers[0].layout.remote(), t, "layout")
+        self.num_buckets = remote.get(self.peers[0].num_buckets.remote(), t, "buckets")
+        self.grad_bytes = remote.get(self.peers[0].logical_bytes.remote(), t, "sizes")
+
+    def run(self, recorder: Recorder) -> None:
+        cfg, n = self.config, self.config.workers
+        self.bucket_s: list[list[float]] = []
+        self.overlap_saved: list[float] = []
+        for step in range(cfg.steps):
+            t_issue = time.time()
+            refs = [p.train_step.remote(step) for p in self.peers]
+            infos = remote.get(refs, cfg.cluster.timeout_s, f"{self.name} step {step}")
+            t_done = time.time()
+            last_end = max(i["t_end"] for i in infos)
+            for r, info in enumerate(infos):
+                recorder.step(StepRecord(
+                    run_id=self.run_id, strategy=self.name, worker=r, iteration=step,
+                    version_read=step, version_applied=step, t_start=info["t_start"],
+                    compute_s=info["compute_s"], comm_s=info["comm_s"],
+                    wait_s=(info["t_start"] - t_issue) + (last_end - info["t_end"]) + info["apply_s"],
+                    bytes_sent=info["bytes_sent"], bytes_recv=info["bytes_sent"],
+                    samples=info["samples"], loss=info["loss"], staleness=0,
+                    injected_delay_s=info["injected_delay_s"]))
+                self.bucket_s.append(info["bucket_s"])
+                self.overlap_saved.append(max(0.0, sum(info["bucket_s"]) - info["comm_s"]))
+            recorder.update(UpdateRecord(version=step + 1, t_applied=t_done, contributors=n, dropped=0,
+                                         loss=float(np.mean([i["loss"] for i in infos]))))
+        recorder.events_from([e for p in self.peers
+                              for e in remote.get(p.drain_events.remote(), cfg.cluster.timeout_s, "events")])
+
+    def summary_extra(self) -> dict[str, Any]:
+        n, k = self.config.workers, self.grad_bytes
+        per_step = np.array([sum(b) for b in self.bucket_s]) if self.bucket_s else np.zeros(1)
+        allreduce_s = float(np.median(per_step))
+        algbw = k / allreduce_s if allreduce_s > 0 else None
+        return {
+            "grad_bytes_logical": k, "buckets": self.num_buckets,
+            "bucket_allreduce_s": [float(x) for x in np.mean(np.array(self.bucket_s), axis=0)] if self.bucket_s else [],
+            "allreduce_s_p50": allreduce_s,
+            "overlap_saved_s": float(np.mean(self.overlap_saved)) if self.overlap_saved else 0.0,
+            "algbw_Bps": algbw,
+            "busbw_Bps": None if algbw is None else algbw * 2 * (n - 1) / n,
+            "transport": "torch.distributed.all_reduce" if self.library else self.config.ring.transport,
+        }
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        flat = remote.get(self.peers[0].get_params.remote(), self.config.cluster.timeout_s, "parameters")
+        out, start = {}, 0
+        for name, shape in self.layout:
+            size = int(np.prod(shape, dtype=np.int64))
+            out[name] = flat[start:start + size].reshape(shape).copy()
+            start += size
+        return out
+
+    def replica_parameters(self) -> list[np.ndarray]:
+        """Every worker's flat parameters (tests check the replicas never diverge)."""
+        return remote.get([p.get_params.remote() for p in self.peers], self.config.cluster.timeout_s, "replicas")
+
+    def teardown(self) -> None:
+        remote.kill_all(getattr(self, "peers", []))
+
+
+class TorchAllreduce(RingAllreduce):
+    """The library baseline: the same buckets summed by torch.distributed.all_reduce."""
+
+    name = "allreduce-torch"
+    library = True

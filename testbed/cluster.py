@@ -1,0 +1,207 @@
+"""The only place that starts or stops Ray: resources, placement, GPUs.
+
+Embedded mode (no --address, no RAY_ADDRESS) starts a private local Ray bound to 127.0.0.1 with
+the dashboard off and token authentication left on. With --address (or RAY_ADDRESS) the same
+code attaches to a running cluster and never makes this node listen anywhere.
+
+Every actor of a run is placed through one placement group: bundle i is actor i (workers first,
+then servers). `--placement pack` fills nodes in order, `spread` puts bundles on distinct nodes
+where it can. CPU shares are fractional so that 8+ workers fit on a 2-core machine; a shortfall
+(GPUs, memory for that many processes) is reported before any actor is created.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from testbed.config import ClusterConfig, ConfigError
+
+# Resident memory of one worker process, measured on the 2-core machine (ps RSS after setup):
+# a torch worker is dominated by the torch import, a synthetic worker by Ray's runtime.
+ACTOR_MEMORY_TORCH = 300 * 2**20
+ACTOR_MEMORY_PLAIN = 110 * 2**20
+RAY_GRANULARITY = 1e-4  # Ray rejects fractional resources finer than this
+
+
+@dataclass(frozen=True)
+class ResourcePlan:
+    cpus_per_worker: float
+    cpus_per_server: float
+    gpus_per_worker: float
+    device: str  # resolved: "cpu" or "cuda"
+
+
+def plan_resources(
+    *, workers: int, servers: int, total_cpus: float, total_gpus: float, total_memory: float,
+    device: str, cpus_per_worker: float | None, torch_workers: bool,
+) -> ResourcePlan:
+    """Decide each actor's share; raise ConfigError naming the flag when the cluster is short."""
+    if device == "cuda" and total_gpus < 1:
+        raise ConfigError("--device 'cuda': the cluster has no GPU; use --device cpu (or auto)")
+    resolved = "cuda" if device == "cuda" or (device == "auto" and total_gpus >= 1) else "cpu"
+    actors = workers + servers
+    per_actor = ACTOR_MEMORY_TORCH if torch_workers else ACTOR_MEMORY_PLAIN
+    fit = int(total_memory // per_actor)
+    if actors > fit:
+        raise ConfigError(
+            f"--workers {workers}: {actors} actor processes need about "
+            f"{actors * per_actor / 2**30:.1f} GiB but the cluster has {total_memory / 2**30:.1f} GiB; "
+            f"use at most {max(1, fit - servers)} workers or add nodes (--address)"
+        )
+    if cpus_per_worker is None:
+        share = min(1.0, total_cpus / actors)
+        share = math.floor(share / RAY_GRANULARITY) * RAY_GRANULARITY
+        if share < RAY_GRANULARITY:
+            raise ConfigError(f"--workers {workers}: too many actors for {total_cpus:g} CPUs; use fewer workers")
+        cpw = cps = share
+    else:
+        cpw = cpus_per_worker
+        cps = min(1.0, max(RAY_GRANULARITY, (total_cpus - cpw * workers) / max(servers, 1)))
+        if cpw * workers + (cps * servers if servers else 0) > total_cpus + 1e-9:
+            raise ConfigError(
+                f"--cpus-per-worker {cpw:g}: {workers} workers need {cpw * workers:g} CPUs but the "
+                f"cluster has {total_cpus:g}; lower it or use fewer workers"
+            )
+    gpw = 0.0
+    if resolved == "cuda":
+        gpw = min(1.0, total_gpus / workers)
+        gpw = math.floor(gpw / RAY_GRANULARITY) * RAY_GRANULARITY
+    return ResourcePlan(cpw, cps, gpw, resolved)
+
+
+def local_machine() -> dict[str, float]:
+    """CPUs, GPUs and memory of this machine, without starting Ray."""
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    gpus = 0
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        pass
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus), "memory": float(mem) * 0.7}
+
+
+class Cluster:
+    """Start (or attach to) Ray, reserve resources for one run's actors, release them."""
+
+    def __init__(self, cfg: ClusterConfig, *, workers: int, servers: int = 0,
+                 torch_workers: bool = True) -> None:
+        self.cfg, self.workers, self.servers = cfg, workers, servers
+        self.torch_workers = torch_workers
+        self.started_ray = False
+        self.pg: Any = None
+        self.plan: ResourcePlan | None = None
+
+    def address(self) -> str | None:
+        return self.cfg.address or os.environ.get("RAY_ADDRESS") or None
+
+    def precheck_local(self) -> ResourcePlan | None:
+        """Check the embedded cluster's resources before Ray starts (None when attaching)."""
+        import ray
+
+        if self.address() is not None or ray.is_initialized():
+            return None
+        m = local_machine()
+        return self._plan(m["CPU"], m["GPU"], m["memory"])
+
+    def _plan(self, cpus: float, gpus: float, memory: float) -> ResourcePlan:
+        return plan_resources(
+            workers=self.workers, servers=self.servers, total_cpus=cpus, total_gpus=gpus,
+            total_memory=memory, device=self.cfg.device, cpus_per_worker=self.cfg.cpus_per_worker,
+            torch_workers=self.torch_workers,
+        )
+
+    def start(self) -> Cluster:
+        import ray
+
+        if not ray.is_initialized():
+            self.precheck_local()
+            address = self.address()
+            try:
+                if address is None:
+                    ray.init(
+                        num_cpus=os.cpu_count() or 1, include_dashboard=False,
+                        _node_ip_address="127.0.0.1", configure_logging=False,
+                        log_to_driver=True,
+                    )
+                else:
+                    ray.init(address=address, include_dashboard=False, configure_logging=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ConfigError(
+                    f"--address {address!r}: cannot connect to Ray ({first[:160]}); "
+                    "start a head with 'ray start --head' or drop --address"
+                ) from None
+            self.started_ray = True
+        res = ray.cluster_resources()
+        self.plan = self._plan(res.get("CPU", 0.0), res.get("GPU", 0.0), res.get("memory", 0.0) or 1e12)
+        self._reserve()
+        return self
+
+    def _reserve(self) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        assert self.plan is not None
+        bundles = [self._bundle(i) for i in range(self.workers + self.servers)]
+        strategy = "SPREAD" if self.cfg.placement == "spread" else "PACK"
+        self.pg = placement_group(bundles, strategy=strategy)
+        ready, _ = ray.wait([self.pg.ready()], timeout=min(self.cfg.timeout_s, 60.0))
+        if not ready:
+            self.stop()
+            raise ConfigError(
+                f"--workers {self.workers}: the cluster cannot place {len(bundles)} actors "
+                f"({bundles[0]} each); use fewer workers or a larger cluster"
+            )
+
+    def _bundle(self, i: int) -> dict[str, float]:
+        assert self.plan is not None
+        if i < self.workers:
+            b = {"CPU": self.plan.cpus_per_worker}
+            if self.plan.gpus_per_worker:
+                b["GPU"] = self.plan.gpus_per_worker
+            return b
+        return {"CPU": self.plan.cpus_per_server}
+
+    def options(self, i: int, *, server: bool = False) -> dict[str, Any]:
+        """Ray actor options for worker i (or server i) inside this run's placement group."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        index = self.workers + i if server else i
+        bundle = self._bundle(index)
+        return {
+            "num_cpus": bundle["CPU"],
+            "num_gpus": bundle.get("GPU", 0),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=index
+            ),
+        }
+
+    @property
+    def device(self) -> str:
+        return self.plan.device if self.plan else "cpu"
+
+    def stop(self) -> None:
+        import ray
+
+        if self.pg is not None:
+            try:
+                from ray.util.placement_group import remove_placement_group
+
+                remove_placement_group(self.pg)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+            self.pg = None
+        if self.started_ray and ray.is_initialized():
+            ray.shutdown()
+            self.started_ray = False
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

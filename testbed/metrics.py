@@ -1,0 +1,80 @@
+"""Raw records -> summary statistics. Pure: DataFrames in, plain dict out, no Ray.
+
+Definitions (the README and results/README.md repeat them):
+- training wall time: first worker iteration's start -> last model update.
+- step time: interval between consecutive model updates (the first from the first start).
+- samples/s: samples of gradients that were applied, / training wall time.
+- compute / comm / wait fractions: shares of the summed worker time; an injected straggler
+  delay counts as compute (the worker is slow), and is also reported on its own.
+- bytes per worker per step: mean logical bytes a worker sent per iteration.
+- staleness: version at apply - version read, over applied gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+
+def _pct(values: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def summarize(steps: pd.DataFrame, updates: pd.DataFrame, *, strategy: str, workers: int,
+              status: str) -> dict[str, Any]:
+    """Derive the summary of one run from its raw tables."""
+    n_updates = len(updates)
+    applied = steps[steps["version_applied"] >= 0] if len(steps) else steps
+    out: dict[str, Any] = {"strategy": strategy, "workers": workers, "steps": n_updates,
+                           "status": status, "worker_iterations": len(steps)}
+    if len(steps) == 0 or n_updates == 0:
+        out.update({k: None for k in (
+            "samples_per_s", "updates_per_s", "step_time_p50_s", "step_time_p95_s",
+            "step_time_mean_s", "compute_frac", "comm_frac", "wait_frac", "injected_delay_frac",
+            "bytes_sent_per_worker_per_step", "bytes_recv_per_worker_per_step",
+            "loss_first", "loss_last", "train_wall_s", "staleness_mean", "staleness_p95",
+            "staleness_max")})
+        out["dropped_gradients"] = 0
+        return out
+    t0 = float(steps["t_start"].min())
+    t_applied = updates["t_applied"].to_numpy(dtype=float)
+    wall = max(float(t_applied.max()) - t0, 1e-12)
+    intervals = np.diff(np.concatenate([[t0], np.sort(t_applied)]))
+    compute = float(steps["compute_s"].sum())
+    injected = float(steps["injected_delay_s"].sum())
+    comm = float(steps["comm_s"].sum())
+    wait = float(steps["wait_s"].sum())
+    total = max(compute + injected + comm + wait, 1e-12)
+    stale = applied["staleness"].to_numpy(dtype=float)
+    out.update({
+        "train_wall_s": wall,
+        "samples_per_s": float(applied["samples"].sum()) / wall,
+        "updates_per_s": n_updates / wall,
+        "step_time_p50_s": _pct(intervals, 50),
+        "step_time_p95_s": _pct(intervals, 95),
+        "step_time_mean_s": float(intervals.mean()),
+        "compute_frac": (compute + injected) / total,
+        "comm_frac": comm / total,
+        "wait_frac": wait / total,
+        "injected_delay_frac": injected / total,
+        "bytes_sent_per_worker_per_step": float(steps["bytes_sent"].mean()),
+        "bytes_recv_per_worker_per_step": float(steps["bytes_recv"].mean()),
+        "loss_first": float(updates["loss"].iloc[0]),
+        "loss_last": float(updates["loss"].iloc[-1]),
+        "staleness_mean": float(stale.mean()) if len(stale) else None,
+        "staleness_p95": _pct(stale, 95),
+        "staleness_max": int(stale.max()) if len(stale) else None,
+        "dropped_gradients": int(updates["dropped"].sum()),
+        "updates_per_worker": {int(w): int(c) for w, c in applied.groupby("worker").size().items()},
+    })
+    return out
+
+
+def time_split(steps: pd.DataFrame) -> dict[str, float]:
+    """Mean seconds per worker iteration in each phase (for the human table)."""
+    if len(steps) == 0:
+        return {"compute": 0.0, "comm": 0.0, "wait": 0.0}
+    return {"compute": float((steps["compute_s"] + steps["injected_delay_s"]).mean()),
+            "comm": float(steps["comm_s"].mean()), "wait": float(steps["wait_s"].mean())}

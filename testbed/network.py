@@ -1,0 +1,176 @@
+"""Emulate a NIC per endpoint so that message timing follows an alpha-beta link model.
+
+Model (emulated mode). Every endpoint -- worker, PS shard, driver -- owns one ``Nic`` with
+an egress queue and an ingress queue, each of bandwidth ``B`` bytes/s, and a link latency
+``a`` seconds. A message of ``n`` logical bytes
+
+* leaves when the sender's egress is free: ``departure = max(now, egress_free_at)``, and
+  keeps the egress busy for ``n/B``: ``egress_free_at = departure + n/B``;
+* is delivered no earlier than ``departure + a + n/B`` (latency plus serialisation on the
+  wire) and no earlier than the receiver's ingress has been free for ``n/B``:
+  ``delivery = max(departure + a + n/B, ingress_free_at + n/B)``,
+  ``ingress_free_at = delivery``.
+
+So N pushes that leave at the same instant from N different workers serialise at one
+receiver (e.g. a PS shard), each arriving ``n/B`` after the previous one::
+
+    time ->   0        a   a+n/B  a+2n/B        a+N*n/B
+    worker 1  [egress n/B]
+    worker 2  [egress n/B]
+      ...
+    worker N  [egress n/B]
+    PS ingress          [ msg 1 ][ msg 2 ] ... [ msg N ]
+                               ^ deliveries at a + k*n/B, k = 1..N
+
+The sender stamps ``departure`` on the message and sleeps until ``egress_done`` (its
+egress is busy); the receiver calls ``reserve_ingress`` on arrival and sleeps until
+``delivery`` before handing the message on. Emulation only ever sleeps; it never spins.
+Ingress slots are granted in the order the receiver reserves them (first come, first
+served); ``simulate`` reserves them in departure order, as messages reach the wire.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+
+__all__ = ["LinkSpec", "Nic", "simulate", "sleep_until"]
+
+
+def _check_bytes(nbytes: float) -> float:
+    if not (isinstance(nbytes, (int, float)) and math.isfinite(nbytes) and nbytes >= 0):
+        raise ValueError(f"nbytes {nbytes!r}: must be a finite number >= 0; e.g. 4096")
+    return float(nbytes)
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """Describe one NIC: bandwidth in bytes/s and one-way latency in seconds."""
+
+    bandwidth: float  # bytes/s
+    latency: float  # s
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.bandwidth) and self.bandwidth > 0):
+            raise ValueError(
+                f"bandwidth {self.bandwidth!r}: must be finite and > 0 bytes/s; e.g. 1.25e9"
+            )
+        if not (math.isfinite(self.latency) and self.latency >= 0):
+            raise ValueError(f"latency {self.latency!r}: must be finite and >= 0 s; e.g. 5e-5")
+
+    def transfer_s(self, nbytes: float) -> float:
+        """Return the time NBYTES occupy one queue: n / B."""
+        return _check_bytes(nbytes) / self.bandwidth
+
+    def one_way_s(self, nbytes: float) -> float:
+        """Return the uncontended delivery time of one message: a + n / B."""
+        return self.latency + self.transfer_s(nbytes)
+
+
+class Nic:
+    """Hold one endpoint's egress and ingress queues; safe to share between threads."""
+
+    def __init__(self, link: LinkSpec, name: str = "") -> None:
+        self.link = link
+        self.name = name
+        self._lock = threading.Lock()
+        # -inf: an idle queue never delays anything, whatever clock origin is in use.
+        self.egress_free_at = -math.inf
+        self.ingress_free_at = -math.inf
+        self.bytes_out = 0
+        self.bytes_in = 0
+        self.messages_out = 0
+        self.messages_in = 0
+
+    def reserve_egress(self, nbytes: float, now: float) -> tuple[float, float]:
+        """Queue NBYTES for sending at NOW; return (departure, egress_done)."""
+        busy = self.link.transfer_s(nbytes)
+        with self._lock:
+            departure = max(now, self.egress_free_at)
+            done = departure + busy
+            self.egress_free_at = done
+            self.bytes_out += nbytes
+            self.messages_out += 1
+        return departure, done
+
+    def reserve_ingress(self, nbytes: float, departure: float) -> float:
+        """Accept NBYTES that left their sender at DEPARTURE; return the delivery time."""
+        busy = self.link.transfer_s(nbytes)
+        with self._lock:
+            # On the wire: latency plus serialisation; at this NIC: wait for the previous
+            # message to finish arriving, then take n/B of ingress time ourselves.
+            delivery = max(departure + self.link.latency + busy, self.ingress_free_at + busy)
+            self.ingress_free_at = delivery
+            self.bytes_in += nbytes
+            self.messages_in += 1
+        return delivery
+
+    def counters(self) -> dict[str, float]:
+        """Return a snapshot of the byte and message counters."""
+        with self._lock:
+            return {
+                "bytes_out": self.bytes_out,
+                "bytes_in": self.bytes_in,
+                "messages_out": self.messages_out,
+                "messages_in": self.messages_in,
+            }
+
+    def __repr__(self) -> str:
+        return f"Nic({self.name!r}, {self.link})"
+
+
+def sleep_until(
+    t: float,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Sleep until wall-clock time T; return the seconds slept (0 if T has passed)."""
+    slept = 0.0
+    remaining = t - clock()
+    while remaining > 0:
+        sleep(remaining)
+        slept += remaining
+        before, remaining = remaining, t - clock()
+        # A clock that did not move would loop forever; a real one only comes back early
+        # after a signal, so one more full sleep (never a spin) is what is needed.
+        if remaining >= before:
+            break
+    return slept
+
+
+Message = tuple[Hashable, Hashable, float, float]
+
+
+def simulate(messages: Iterable[Message], link: LinkSpec) -> list[float]:
+    """Return the delivery time of each (sender, receiver, nbytes, ready_time) message.
+
+    Give every endpoint a fresh ``Nic``. Egress queues are served in ascending ready time;
+    ingress queues in ascending departure time, the order in which the messages would
+    reach the receiver's wire (ties keep input order). The result is in input order.
+    """
+    batch = list(messages)
+    nics: dict[Hashable, Nic] = {}
+
+    def nic(endpoint: Hashable) -> Nic:
+        if endpoint not in nics:
+            nics[endpoint] = Nic(link, name=str(endpoint))
+        return nics[endpoint]
+
+    for i, (sender, receiver, _, _) in enumerate(batch):
+        if sender == receiver:
+            raise ValueError(f"message {i} {batch[i]!r}: sender equals receiver; drop it")
+    departures = [0.0] * len(batch)
+    # sorted() is stable, so equal times are served in the order given.
+    for i in sorted(range(len(batch)), key=lambda j: batch[j][3]):
+        sender, _, nbytes, ready = batch[i]
+        departures[i], _ = nic(sender).reserve_egress(nbytes, ready)
+    # Reserving ingress by ready time instead would let a message that leaves late (its
+    # sender's egress was busy) hold a receiver slot ahead of ones already on the wire.
+    deliveries = [0.0] * len(batch)
+    for i in sorted(range(len(batch)), key=lambda j: departures[j]):
+        _, receiver, nbytes, _ = batch[i]
+        deliveries[i] = nic(receiver).reserve_ingress(nbytes, departures[i])
+    return deliveries

@@ -1,0 +1,142 @@
+"""Execute one validated RunConfig: folder, cluster, strategy, records, summary.
+
+Shared by `testbed.run` and `testbed.sweep` so that a sweep point runs exactly the code path
+of a single run. Whatever happens (success, Ctrl-C, a failure), what was measured is flushed
+and summary.json says how the run ended.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from testbed.config import ConfigError, RunConfig
+from testbed.results import RunFolder, chrome_trace, new_run_id
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    folder: Path | None
+    summary: dict[str, Any] | None
+    error_line: str | None = None
+
+
+def _progress(cfg: RunConfig):
+    if cfg.quiet:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.steps, desc=f"{cfg.strategy} N={cfg.workers}", unit="upd",
+                leave=False, dynamic_ncols=True)
+
+
+def execute(cfg: RunConfig, *, run_id: str | None = None) -> Outcome:
+    from testbed import registry
+    from testbed.cluster import Cluster
+    from testbed.strategy import Recorder
+
+    cls = registry.STRATEGIES[cfg.strategy]
+    cluster = Cluster(cfg.cluster, workers=cfg.workers, servers=servers_for(cfg),
+                      torch_workers=cfg.workload.name != "synthetic")
+    try:
+        cluster.precheck_local()
+    except ConfigError as exc:
+        return Outcome(2, None, None, str(exc))
+    run_id = run_id or new_run_id(cfg.strategy, cfg.workers)
+    try:
+        folder = RunFolder.create(cfg.out, run_id)
+    except OSError as exc:
+        return Outcome(2, None, None, f"--out {cfg.out!r}: cannot create the run folder ({exc}); pick another --out")
+    folder.write_config(cfg.to_dict())
+    bar = _progress(cfg)
+    recorder = Recorder(sink=folder.write_records, on_update=(lambda _u: bar.update(1)) if bar else None)
+    status, code, error, params, extra = "completed", 0, None, None, {}
+    t_start = time.time()
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        with cluster:
+            with cls(cfg, cluster, run_id=run_id) as strategy:
+                strategy.run(recorder)
+                params = strategy.parameters()
+                extra = strategy.summary_extra()
+    except ConfigError as exc:
+        status, code, error = "failed", 2, str(exc)
+    except KeyboardInterrupt:
+        status, code, error = "interrupted", 130, "interrupted; measurements so far are saved"
+    except Exception as exc:  # noqa: BLE001 - the run fails, the records stay
+        status, code = "failed", 1
+        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        (folder.path / "error.txt").write_text(traceback.format_exc())
+    finally:
+        if previous in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if bar is not None:
+            bar.close()
+    summary = finish(folder, cfg, recorder, status, params, {**recorder.extra, **extra},
+                     time.time() - t_start)
+    return Outcome(code, folder.path, summary, error)
+
+
+def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def servers_for(cfg: RunConfig) -> int:
+    """Actors besides the workers that the strategy places (PS shards)."""
+    return cfg.ps.shards if cfg.strategy.startswith("ps-") else 0
+
+
+def finish(folder: RunFolder, cfg: RunConfig, recorder: Any, status: str, params: Any,
+           extra: dict[str, Any], elapsed_s: float) -> dict[str, Any]:
+    """Flush raw records, then derive and write the summary (and params, timeline)."""
+    import pandas as pd
+
+    from testbed.metrics import summarize
+    from testbed.strategy import STEP_COLUMNS, UPDATE_COLUMNS
+
+    folder.write_records(recorder)
+    steps = pd.DataFrame(recorder.steps, columns=list(STEP_COLUMNS))
+    updates = pd.DataFrame(recorder.updates, columns=list(UPDATE_COLUMNS))
+    summary = summarize(steps, updates, strategy=cfg.strategy, workers=cfg.workers, status=status)
+    summary["run_id"] = folder.path.name
+    summary["elapsed_s"] = elapsed_s
+    summary["workload"] = cfg.workload.name
+    summary.update(_predictions(cfg, summary, steps, extra))
+    summary.update(extra)
+    folder.write_summary(summary)
+    if params is not None:
+        folder.write_params(params)
+    if cfg.timeline and recorder.events:
+        t0 = min(e["t0"] for e in recorder.events)
+        folder.write_timeline(chrome_trace(recorder.events, t0))
+    return summary
+
+
+def _predictions(cfg: RunConfig, summary: dict[str, Any], steps: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    """Cost-model prediction beside the measurement whenever the network is emulated."""
+    out: dict[str, Any] = {}
+    if len(steps):
+        out["comm_s_per_step"] = float(steps["comm_s"].mean())
+    if not cfg.network.emulated:
+        return out
+    from testbed import costmodel
+
+    grad_bytes = extra.get("grad_bytes_logical")
+    if grad_bytes is None:
+        return out
+    try:
+        pred = costmodel.predict(
+            cfg.strategy, workers=cfg.workers, grad_bytes=grad_bytes, latency=cfg.network.latency_s,
+            bandwidth=cfg.network.bandwidth_Bps, shards=cfg.ps.shards,
+            buckets=extra.get("buckets", 1), compute_s=cfg.workload.compute_ms / 1000.0)
+    except ValueError:
+        return out
+    out.update(pred)
+    return out

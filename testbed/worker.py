@@ -1,0 +1,92 @@
+"""The worker: a workload replica with its data shard, straggler model and timing, as a plain class.
+
+Strategies wrap `WorkerBase` (or a subclass with their transport) in a Ray actor; the class
+itself has no Ray dependency so that its logic runs in tests without a cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from testbed.config import RunConfig
+from testbed.stragglers import StragglerModel, parse_stragglers
+from testbed.workloads import make_workload
+
+
+def limit_threads(cpus: float) -> None:
+    """Give torch as many intra-op threads as this actor's CPU share (at least one).
+
+    N workers on a small machine then contend honestly instead of oversubscribing the cores.
+    """
+    n = max(1, int(cpus))
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    try:
+        import torch
+    except ImportError:  # synthetic-only installs
+        return
+    torch.set_num_threads(n)
+
+
+class WorkerBase:
+    """One data-parallel replica. Times compute, injects straggler delay, keeps its events."""
+
+    def __init__(self, config: RunConfig, rank: int, device: str = "cpu", cpus: float = 1.0) -> None:
+        self.config, self.rank, self.device = config, rank, device
+        if config.workload.name != "synthetic":
+            limit_threads(cpus)
+        self.workload = make_workload(
+            config.workload, seed=config.seed, workers=config.workers, device=device
+        )
+        self.stragglers = StragglerModel(parse_stragglers(config.straggler), config.seed)
+        self.actor = f"worker{rank}"
+        self.events: list[tuple[str, str, float, float]] = []
+
+    # ---- plumbing shared by every strategy
+    def ping(self) -> int:
+        return os.getpid()
+
+    def get_params(self) -> np.ndarray:
+        return self.workload.get_params()
+
+    def set_params(self, flat: np.ndarray) -> None:
+        self.workload.set_params(flat)
+
+    def layout(self) -> list[tuple[str, tuple[int, ...]]]:
+        return self.workload.layout
+
+    def drain_events(self) -> list[tuple[str, str, float, float]]:
+        out, self.events = self.events, []
+        return out
+
+    def span(self, phase: str, t0: float, t1: float) -> None:
+        self.events.append((self.actor, phase, t0, t1))
+
+    # ---- compute
+    def straggle(self, iteration: int, compute_s: float) -> float:
+        """Sleep this iteration's injected delay; return it."""
+        delay = self.stragglers.delay(self.rank, iteration, compute_s)
+        if delay > 0:
+            t0 = time.time()
+            time.sleep(delay)
+            self.span("wait", t0, time.time())
+        return delay
+
+    def compute(self, iteration: int) -> tuple[np.ndarray, dict[str, Any]]:
+        """Gradient of this worker's batch at its current parameters, with timings."""
+        t0 = time.time()
+        grad, loss, samples = self.workload.gradient(self.workload.batch(self.rank, iteration))
+        t1 = time.time()
+        self.span("compute", t0, t1)
+        delay = self.straggle(iteration, t1 - t0)
+        info = {"t_start": t0, "compute_s": t1 - t0, "loss": loss, "samples": samples,
+                "injected_delay_s": delay}
+        return grad, info
+
+    def compute_at(self, params: np.ndarray, iteration: int) -> tuple[np.ndarray, dict[str, Any]]:
+        """Load params (e.g. a broadcast), then compute()."""
+        self.workload.set_params(params)
+        return self.compute(iteration)

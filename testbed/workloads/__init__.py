@@ -1,0 +1,23 @@
+"""Workloads: what each worker computes. Real torch models and a torch-free synthetic gradient.
+
+`make_workload` imports torch only for the models that need it, so synthetic workers stay light.
+"""
+
+from __future__ import annotations
+
+from testbed.config import WorkloadConfig
+from testbed.workloads.base import Workload
+
+
+def make_workload(cfg: WorkloadConfig, *, seed: int, workers: int, device: str = "cpu") -> Workload:
+    """Build the workload replica for one process (all replicas start identical)."""
+    if cfg.name == "synthetic":
+        from testbed.workloads.synthetic import SyntheticWorkload
+
+        return SyntheticWorkload(cfg, seed=seed, workers=workers)
+    from testbed.workloads.models import TorchWorkload
+
+    return TorchWorkload(cfg, seed=seed, workers=workers, device=device)
+
+
+__all__ = ["Workload", "make_workload"]

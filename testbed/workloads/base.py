@@ -1,0 +1,87 @@
+"""The workload interface: flat float32 parameters, per-(worker, iteration) batches, gradients.
+
+Parameters and gradients travel as one flat float32 vector; `layout` names its slices. Batches
+are addressed by (worker, iteration) so that a single-process reference can rebuild the exact
+global batch of any step (`combine` of the workers' batches) and check equivalence.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+
+class Workload(ABC):
+    #: [(name, shape)] in model order; the flat vector is their concatenation
+    layout: list[tuple[str, tuple[int, ...]]]
+    #: float32 elements that physically travel (smaller than logical for scaled payloads)
+    numel: int
+    #: bytes a gradient counts for on the (emulated) network
+    logical_bytes: int
+
+    @abstractmethod
+    def get_params(self) -> np.ndarray:
+        """Return the flat float32 parameters (a copy)."""
+
+    @abstractmethod
+    def set_params(self, flat: np.ndarray) -> None:
+        """Overwrite the parameters from a flat float32 vector."""
+
+    @abstractmethod
+    def batch(self, worker: int, iteration: int) -> Any:
+        """Return worker's batch for its iteration (deterministic)."""
+
+    @abstractmethod
+    def combine(self, batches: Sequence[Any]) -> Any:
+        """Concatenate batches of equal size into one global batch."""
+
+    @abstractmethod
+    def gradient(self, batch: Any) -> tuple[np.ndarray, float, int]:
+        """Return (flat float32 mean gradient, mean loss, samples) at the current parameters."""
+
+    def gradient_buckets(
+        self, batch: Any, buckets: list[list[int]], on_ready: Callable[[int, np.ndarray], None]
+    ) -> tuple[Any, float, int]:
+        """Compute the gradient, calling on_ready(bucket_index, flat_bucket) as each completes.
+
+        Returns (flat gradient buffer whose bucket views were handed out, loss, samples).
+        Default: whole backward first, then every bucket in order (no overlap possible).
+        """
+        grad, loss, samples = self.gradient(batch)
+        for b, idx in enumerate(buckets):
+            on_ready(b, self.bucket_view(grad, idx))
+        return grad, loss, samples
+
+    def apply_update(self, grad: np.ndarray, lr: float) -> None:
+        """Plain SGD on the local replica: params <- params - lr * grad."""
+        params = self.get_params()
+        params -= np.float32(lr) * grad
+        self.set_params(params)
+
+    # ---- flat-vector helpers
+    def slices(self) -> list[slice]:
+        out, start = [], 0
+        for _, shape in self.layout:
+            n = int(np.prod(shape, dtype=np.int64))
+            out.append(slice(start, start + n))
+            start += n
+        return out
+
+    def bucket_slice(self, idx: list[int]) -> slice:
+        """Bucket tensors are contiguous in the flat vector (make_buckets keeps neighbours)."""
+        sl = self.slices()
+        lo = min(sl[i].start for i in idx)
+        hi = max(sl[i].stop for i in idx)
+        return slice(lo, hi)
+
+    def bucket_view(self, flat: np.ndarray, idx: list[int]) -> np.ndarray:
+        return flat[self.bucket_slice(idx)]
+
+    def unflatten(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        return {
+            name: flat[s].reshape(shape).copy()
+            for (name, shape), s in zip(self.layout, self.slices(), strict=True)
+        }

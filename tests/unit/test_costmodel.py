@@ -1,0 +1,213 @@
+"""Tests for testbed.costmodel: literal numbers for every formula and their scaling."""
+
+import math
+
+import pytest
+
+from testbed.costmodel import (
+    STRATEGIES,
+    bytes_per_worker_per_step,
+    gossip_comm_s,
+    halving_doubling_comm_s,
+    mapreduce_comm_s,
+    predict,
+    ps_async_comm_s,
+    ps_sync_comm_s,
+    ring_comm_s,
+)
+
+# Round numbers so the expected values below can be checked by hand.
+K = 100e6  # 100 MB of gradients
+A = 1e-3  # 1 ms latency
+B = 1e9  # 1 GB/s
+
+
+def test_ring_literal():
+    # 2*(8-1)*(0.001 + 1e8/(8*1e9)) = 14 * 0.0135 = 0.189
+    assert ring_comm_s(8, K, A, B) == pytest.approx(0.189)
+
+
+def test_ring_buckets_literal():
+    # 2*(4-1)*(5*0.001 + 1e8/(4*1e9)) = 6 * 0.030 = 0.18
+    assert ring_comm_s(4, K, A, B, buckets=5) == pytest.approx(0.18)
+
+
+def test_ring_single_worker_is_free():
+    assert ring_comm_s(1, K, A, B) == 0.0
+    assert ring_comm_s(1, K, A, B, buckets=7) == 0.0
+
+
+def test_ring_ratio_16_over_4_without_latency():
+    # T(N) = 2(N-1)/N * K/B, so T(16)/T(4) = (30/16)/(6/4) = 1.25.
+    assert ring_comm_s(16, K, 0.0, B) / ring_comm_s(4, K, 0.0, B) == pytest.approx(1.25)
+
+
+def test_ps_sync_literal():
+    # 2*(0.001 + 8*1e8/(1*1e9)) = 2 * 0.801 = 1.602
+    assert ps_sync_comm_s(8, K, A, B) == pytest.approx(1.602)
+
+
+def test_ps_sync_linear_in_workers():
+    t = [ps_sync_comm_s(n, K, 0.0, B) for n in (1, 2, 4, 8, 16)]
+    assert t == pytest.approx([n * t[0] for n in (1, 2, 4, 8, 16)])
+    # With latency the increments are constant: 2K/(S B) per extra worker.
+    diffs = [ps_sync_comm_s(n + 1, K, A, B) - ps_sync_comm_s(n, K, A, B) for n in range(1, 6)]
+    assert diffs == pytest.approx([2 * K / B] * 5)
+
+
+@pytest.mark.parametrize("shards", [1, 2, 4, 8])
+def test_ps_sync_shards_divide_bandwidth_term(shards):
+    assert ps_sync_comm_s(8, K, 0.0, B, shards=shards) == pytest.approx(
+        ps_sync_comm_s(8, K, 0.0, B) / shards
+    )
+    # The latency term is not divided.
+    assert ps_sync_comm_s(8, 0.0, A, B, shards=shards) == pytest.approx(2 * A)
+
+
+def test_mapreduce_literal():
+    # 2*(0.001 + 4*1e8/1e9) = 2 * 0.401 = 0.802
+    assert mapreduce_comm_s(4, K, A, B) == pytest.approx(0.802)
+
+
+def test_mapreduce_equals_unsharded_ps_sync():
+    for n in (1, 3, 16):
+        assert mapreduce_comm_s(n, K, A, B) == pytest.approx(ps_sync_comm_s(n, K, A, B))
+
+
+@pytest.mark.parametrize(
+    ("n", "expected"),
+    [
+        (1, 0.0),
+        # 2*3*0.001 + 2*(7/8)*0.1 = 0.006 + 0.175
+        (8, 0.181),
+        # non-power of two: ceil(log2 6) = 3 -> 0.006 + 2*(5/6)*0.1
+        (6, 0.006 + 1 / 6),
+        (2, 2 * 0.001 + 0.1),
+        (1024, 20 * 0.001 + 2 * (1023 / 1024) * 0.1),
+    ],
+)
+def test_halving_doubling_literal(n, expected):
+    assert halving_doubling_comm_s(n, K, A, B) == pytest.approx(expected)
+
+
+def test_halving_doubling_beats_ring_on_latency():
+    assert halving_doubling_comm_s(64, 0.0, A, B) < ring_comm_s(64, 0.0, A, B)
+
+
+def test_gossip_literal():
+    # 0.001 + 3*0.1
+    assert gossip_comm_s(3, K, A, B) == pytest.approx(0.301)
+    assert gossip_comm_s(0, K, A, B) == 0.0
+
+
+def test_ps_async_literal_and_independent_of_workers():
+    # 2*(0.001 + 1e8/(2*1e9)) = 0.102
+    assert ps_async_comm_s(4, K, A, B, shards=2) == pytest.approx(0.102)
+    assert ps_async_comm_s(64, K, A, B, shards=2) == ps_async_comm_s(4, K, A, B, shards=2)
+
+
+def test_ps_async_is_a_lower_bound_on_ps_sync():
+    for n in (1, 4, 16):
+        assert ps_async_comm_s(n, K, A, B) <= ps_sync_comm_s(n, K, A, B)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "expected_comm"),
+    [
+        ("ring", 0.189),
+        ("allreduce-torch", 0.189),
+        ("ps-sync", 2 * (A + 8 * K / (2 * B))),
+        ("ps-async", 2 * (A + K / (2 * B))),
+        ("mapreduce", 2 * (A + 8 * K / B)),
+        ("halving-doubling", 0.181),
+        ("gossip", A + 2 * K / B),
+    ],
+)
+def test_predict_each_strategy(strategy, expected_comm):
+    out = predict(
+        strategy, workers=8, grad_bytes=K, latency=A, bandwidth=B, shards=2, compute_s=0.05
+    )
+    assert out["predicted_comm_s"] == pytest.approx(expected_comm)
+    assert out["predicted_step_s"] == pytest.approx(0.05 + expected_comm)
+    assert isinstance(out["formula"], str) and "K" in out["formula"]
+
+
+def test_predict_covers_every_listed_strategy():
+    for strategy in STRATEGIES:
+        out = predict(strategy, workers=4, grad_bytes=K, latency=A, bandwidth=B)
+        assert math.isfinite(out["predicted_comm_s"])
+
+
+def test_predict_ring_buckets_changes_formula_and_value():
+    one = predict("ring", workers=4, grad_bytes=K, latency=A, bandwidth=B)
+    five = predict("ring", workers=4, grad_bytes=K, latency=A, bandwidth=B, buckets=5)
+    assert five["predicted_comm_s"] == pytest.approx(0.18)
+    assert five["predicted_comm_s"] > one["predicted_comm_s"]
+    assert "b*a" in five["formula"] and "b*a" not in one["formula"]
+
+
+def test_predict_gossip_degree_capped_by_workers():
+    out = predict("gossip", workers=2, grad_bytes=K, latency=A, bandwidth=B, degree=5)
+    assert out["predicted_comm_s"] == pytest.approx(A + K / B)
+    alone = predict("gossip", workers=1, grad_bytes=K, latency=A, bandwidth=B)
+    assert alone["predicted_comm_s"] == 0.0
+
+
+def test_predict_unknown_strategy():
+    with pytest.raises(ValueError, match="'allreduce-nccl'.*ring"):
+        predict("allreduce-nccl", workers=4, grad_bytes=K, latency=A, bandwidth=B)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "bad"),
+    [
+        ({"workers": 0}, "workers 0"),
+        ({"workers": 2.5}, "workers 2.5"),
+        ({"workers": True}, "workers True"),
+        ({"grad_bytes": -1.0}, "grad_bytes -1.0"),
+        ({"latency": float("nan")}, "latency nan"),
+        ({"bandwidth": 0.0}, "bandwidth 0.0"),
+        ({"bandwidth": float("inf")}, "bandwidth inf"),
+        ({"buckets": 0}, "buckets 0"),
+        ({"compute_s": -0.1}, "compute_s -0.1"),
+    ],
+)
+def test_predict_rejects_bad_inputs(kwargs, bad):
+    args = {"workers": 4, "grad_bytes": K, "latency": A, "bandwidth": B, **kwargs}
+    with pytest.raises(ValueError) as info:
+        predict("ring", **args)
+    assert bad in str(info.value) and "\n" not in str(info.value)
+
+
+def test_ps_rejects_zero_shards():
+    with pytest.raises(ValueError, match="shards 0"):
+        ps_sync_comm_s(4, K, A, B, shards=0)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "n", "expected"),
+    [
+        ("ring", 4, 2 * K * 3 / 4),
+        ("allreduce-torch", 8, 2 * K * 7 / 8),
+        ("ring", 1, 0.0),
+        ("halving-doubling", 4, 1.5 * K),
+        ("ps-sync", 8, K),
+        ("ps-async", 8, K),
+        ("mapreduce", 8, K),
+    ],
+)
+def test_bytes_per_worker_per_step(strategy, n, expected):
+    assert bytes_per_worker_per_step(strategy, n, K, shards=4) == pytest.approx(expected)
+
+
+def test_bytes_per_worker_gossip_and_unknown():
+    assert bytes_per_worker_per_step("gossip", 8, K, degree=3) == pytest.approx(3 * K)
+    with pytest.raises(ValueError, match="'bogus'"):
+        bytes_per_worker_per_step("bogus", 4, K)
+
+
+def test_ring_bytes_times_bandwidth_matches_formula_without_latency():
+    # The ring's bandwidth term is exactly the bytes each worker sends divided by B.
+    for n in (2, 5, 16):
+        sent = bytes_per_worker_per_step("ring", n, K)
+        assert ring_comm_s(n, K, 0.0, B) == pytest.approx(sent / B)
