@@ -173,7 +173,17 @@ def validate(cfg: RunConfig, strategies: Mapping[str, str]) -> RunConfig:
     _validate_ring(cfg, family)
     _validate_network(cfg.network)
     try:
-        validate_stragglers(parse_stragglers(cfg.straggler), cfg.workers)
+        specs = parse_stragglers(cfg.straggler)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    for spec in specs:  # name the text the user typed, not the spec's normalised form
+        worker = getattr(spec, "worker", None)
+        if worker is not None and worker >= cfg.workers:
+            _fail("--straggler", cfg.straggler,
+                  f"there is no worker {worker}; use a worker in 0..{cfg.workers - 1} "
+                  f"(--workers {cfg.workers})")
+    try:
+        validate_stragglers(specs, cfg.workers)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     _validate_out(cfg.out)

@@ -37,6 +37,7 @@ def summarize(steps: pd.DataFrame, updates: pd.DataFrame, *, strategy: str, work
             "loss_first", "loss_last", "train_wall_s", "staleness_mean", "staleness_p95",
             "staleness_max")})
         out["dropped_gradients"] = 0
+        out["updates_per_worker"] = {}  # same keys as a run with updates
         return out
     t0 = float(steps["t_start"].min())
     t_applied = updates["t_applied"].to_numpy(dtype=float)
@@ -47,6 +48,7 @@ def summarize(steps: pd.DataFrame, updates: pd.DataFrame, *, strategy: str, work
     comm = float(steps["comm_s"].sum())
     wait = float(steps["wait_s"].sum())
     total = max(compute + injected + comm + wait, 1e-12)
+    ordered = updates.sort_values("version", kind="stable")  # records may arrive out of order
     stale = applied["staleness"].to_numpy(dtype=float)
     out.update({
         "train_wall_s": wall,
@@ -61,8 +63,8 @@ def summarize(steps: pd.DataFrame, updates: pd.DataFrame, *, strategy: str, work
         "injected_delay_frac": injected / total,
         "bytes_sent_per_worker_per_step": float(steps["bytes_sent"].mean()),
         "bytes_recv_per_worker_per_step": float(steps["bytes_recv"].mean()),
-        "loss_first": float(updates["loss"].iloc[0]),
-        "loss_last": float(updates["loss"].iloc[-1]),
+        "loss_first": float(ordered["loss"].iloc[0]),
+        "loss_last": float(ordered["loss"].iloc[-1]),
         "staleness_mean": float(stale.mean()) if len(stale) else None,
         "staleness_p95": _pct(stale, 95),
         "staleness_max": int(stale.max()) if len(stale) else None,

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from testbed.allreduce.strategy import RingAllreduce, TorchAllreduce
 from testbed.mapreduce.driver import MapReduce
+from testbed.ps.asynchronous import PSAsync
+from testbed.ps.sync import PSSync
 from testbed.strategy import Strategy
 
 STRATEGIES: dict[str, type[Strategy]] = {
     MapReduce.name: MapReduce,
     RingAllreduce.name: RingAllreduce,
     TorchAllreduce.name: TorchAllreduce,
+    PSSync.name: PSSync,
+    PSAsync.name: PSAsync,
 }
 
 

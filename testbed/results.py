@@ -42,8 +42,12 @@ def new_run_id(strategy: str, workers: int) -> str:
 
 def _atomic_write(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed write leaves the previous version and no litter
+        raise
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
@@ -97,7 +101,8 @@ def provenance() -> dict[str, Any]:
         return out.stdout.strip() if out.returncode == 0 else None
 
     info["git_commit"] = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    # --no-optional-locks: never take index.lock, so a run cannot break the user's git command.
+    status = git("--no-optional-locks", "status", "--porcelain", "--untracked-files=no")
     info["git_dirty"] = None if status is None else bool(status)
     return info
 

@@ -58,6 +58,9 @@ class WorkerBase:
     def layout(self) -> list[tuple[str, tuple[int, ...]]]:
         return self.workload.layout
 
+    def logical_bytes(self) -> int:
+        return self.workload.logical_bytes
+
     def drain_events(self) -> list[tuple[str, str, float, float]]:
         out, self.events = self.events, []
         return out

@@ -177,8 +177,6 @@ class RingPeer(WorkerBase):
     def num_buckets(self) -> int:
         return len(self.buckets)
 
-    def logical_bytes(self) -> int:
-        return self.workload.logical_bytes
 
     # ---- one training step
     def _reduce_bucket(self, iteration: int, b: int, view: Any) -> tuple[float, int]:

@@ -24,6 +24,7 @@ import ray
 from testbed import remote
 from testbed.allreduce.peer import RingPeer
 from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
+from testbed.workloads.base import unflatten
 
 RemotePeer = ray.remote(RingPeer)
 CONCURRENCY = 4  # step thread + deliver threads (messages from the left neighbour)
@@ -97,12 +98,7 @@ class RingAllreduce(Strategy):
 
     def parameters(self) -> dict[str, np.ndarray]:
         flat = remote.get(self.peers[0].get_params.remote(), self.config.cluster.timeout_s, "parameters")
-        out, start = {}, 0
-        for name, shape in self.layout:
-            size = int(np.prod(shape, dtype=np.int64))
-            out[name] = flat[start:start + size].reshape(shape).copy()
-            start += size
-        return out
+        return unflatten(flat, self.layout)
 
     def replica_parameters(self) -> list[np.ndarray]:
         """Every worker's flat parameters (tests check the replicas never diverge)."""

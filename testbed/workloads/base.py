@@ -81,7 +81,14 @@ class Workload(ABC):
         return flat[self.bucket_slice(idx)]
 
     def unflatten(self, flat: np.ndarray) -> dict[str, np.ndarray]:
-        return {
-            name: flat[s].reshape(shape).copy()
-            for (name, shape), s in zip(self.layout, self.slices(), strict=True)
-        }
+        return unflatten(flat, self.layout)
+
+
+def unflatten(flat: np.ndarray, layout: list[tuple[str, tuple[int, ...]]]) -> dict[str, np.ndarray]:
+    """Split a flat vector into named arrays of the layout's shapes."""
+    out, start = {}, 0
+    for name, shape in layout:
+        size = int(np.prod(shape, dtype=np.int64))
+        out[name] = np.asarray(flat[start:start + size]).reshape(shape).copy()
+        start += size
+    return out

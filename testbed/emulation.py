@@ -1,0 +1,47 @@
+"""One endpoint's view of the (optionally emulated) network: send stamps, receive waits.
+
+In real mode (`--bandwidth` unset) both calls are free no-ops and only logical bytes are
+counted. In emulated mode the endpoint owns a `network.Nic`: `send` queues the message on the
+egress and sleeps while the egress is busy (the sender is occupied putting bytes on the wire),
+returning the departure stamp that travels with the message; `receive` queues it on the
+receiver's ingress and sleeps until delivery. Wall-clock stamps (time.time) are shared by all
+processes of one machine; across machines they assume synchronised clocks.
+"""
+
+from __future__ import annotations
+
+import time
+
+from testbed.config import NetworkConfig
+from testbed.network import LinkSpec, Nic, sleep_until
+
+
+class Endpoint:
+    def __init__(self, net: NetworkConfig, name: str) -> None:
+        self.nic = Nic(LinkSpec(net.bandwidth_Bps, net.latency_s), name) if net.emulated else None
+        self.bytes_out = 0
+        self.bytes_in = 0
+
+    @property
+    def emulated(self) -> bool:
+        return self.nic is not None
+
+    def send(self, nbytes: int) -> float | None:
+        """Account nbytes leaving; in emulation wait out the egress; return the departure stamp."""
+        self.bytes_out += nbytes
+        if self.nic is None:
+            return None
+        departure, done = self.nic.reserve_egress(nbytes, time.time())
+        sleep_until(done)
+        return departure
+
+    def delivery(self, nbytes: int, departure: float | None) -> float:
+        """Reserve the ingress for a message; return when it is delivered (now in real mode)."""
+        self.bytes_in += nbytes
+        if self.nic is None or departure is None:
+            return time.time()
+        return self.nic.reserve_ingress(nbytes, departure)
+
+    def receive(self, nbytes: int, departure: float | None) -> None:
+        """Account nbytes arriving; in emulation sleep until the message is delivered."""
+        sleep_until(self.delivery(nbytes, departure))

@@ -1,0 +1,314 @@
+"""Figures from result tables. Pure: DataFrames in, matplotlib Figures out, no Ray, no pyplot.
+
+Every figure is a `matplotlib.figure.Figure` on its own Agg canvas (no global state, nothing is
+shown); `save(fig, stem)` writes stem.png and stem.svg atomically. Table figures use the rows
+of a sweep table (`testbed.sweep.load_table`) whose status is "completed" and average repeats
+(error bars: one standard deviation). A series is a strategy plus the config keys that vary
+among that strategy's rows, so keys that do not apply to a strategy never split its series.
+A function raises `NoData` when the table lacks what it needs; `figures_for_sweep` skips it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import textwrap
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from testbed.config import RunConfig
+
+PHASE_COLORS = {"compute": "#4c72b0", "comm": "#dd8452", "wait": "#8c8c8c"}
+# Repeat-like keys: rows differing only in these are averaged, not split into series.
+NOT_SERIES = ("strategy", "seed", "out", "quiet")
+
+
+class NoData(ValueError):
+    """The table lacks the columns or rows a figure needs."""
+
+
+def _config_keys() -> list[str]:
+    keys = []
+    for f in dataclasses.fields(RunConfig):
+        if dataclasses.is_dataclass(f.default_factory):
+            keys += [f"{f.name}.{s.name}" for s in dataclasses.fields(f.default_factory)]
+        else:
+            keys.append(f.name)
+    return keys
+
+
+def _new(ncols: int = 1, width: float = 6.4, height: float = 4.4) -> tuple[Figure, list]:
+    fig = Figure(figsize=(width * ncols, height), layout="constrained")
+    FigureCanvasAgg(fig)  # Agg, explicitly: never a GUI backend, never plt.show
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def save(fig: Figure, path_stem: str | os.PathLike) -> list[Path]:
+    """Write PATH_STEM.png and PATH_STEM.svg (tmp + rename); return both paths."""
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext in ("png", "svg"):
+        path = stem.with_name(f"{stem.name}.{ext}")  # with_suffix would eat a dotted stem
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        fig.savefig(tmp, format=ext, dpi=120)
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _fmt(value: object) -> str:
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return "none"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def series_labels(table: pd.DataFrame, exclude: tuple[str, ...] = ("workers",)) -> pd.Series:
+    """Label rows "strategy key=value ...", naming keys that vary within the strategy's rows."""
+    keys = [k for k in _config_keys() if k in table.columns and k not in NOT_SERIES + exclude]
+    strategy = table["strategy"] if "strategy" in table.columns else pd.Series("run", index=table.index)
+    labels = pd.Series("", index=table.index, dtype=object)
+    for name, group in table.groupby(strategy, sort=False):
+        varied = [k for k in keys if group[k].map(_fmt).nunique() > 1]
+        for i in group.index:
+            parts = [("N" if k == "workers" else k.split(".")[-1]) + "=" + _fmt(group.at[i, k])
+                     for k in varied]
+            labels[i] = " ".join([str(name), *parts])
+    return labels
+
+
+def _rows(table: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Completed rows with a value in every column; NoData if there are none."""
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise NoData(f"table has no column {', '.join(missing)}")
+    rows = table[table["status"] == "completed"] if "status" in table.columns else table
+    rows = rows.dropna(subset=columns)
+    if rows.empty:
+        raise NoData(f"no completed rows with {', '.join(columns)}")
+    return rows
+
+
+def _context(table: pd.DataFrame) -> str:
+    """What was run, for titles: N range, workload, gradient size, network."""
+    parts = []
+    if "workers" in table.columns and table["workers"].notna().any():
+        lo, hi = int(table["workers"].min()), int(table["workers"].max())
+        parts.append(f"N={lo}" if lo == hi else f"N={lo}-{hi}")
+    names = sorted(table["workload.name"].dropna().unique()) if "workload.name" in table.columns else []
+    if names:
+        parts.append("/".join(map(str, names)))
+    if "synthetic" in names and "workload.grad_mb" in table.columns:
+        sizes = sorted(table["workload.grad_mb"].dropna().unique())
+        parts.append("grad " + "/".join(_fmt(float(s)) for s in sizes) + " MiB")
+    if "network.bandwidth" in table.columns:
+        bw = table["network.bandwidth"].dropna().unique()
+        lat = table["network.latency"].dropna().unique() if "network.latency" in table.columns else []
+        parts.append(f"net {'/'.join(map(str, bw))}, {'/'.join(map(str, lat))}" if len(bw) else "real network")
+    return ", ".join(parts)
+
+
+def _mean_std(rows: pd.DataFrame, by: list[str], col: str) -> pd.DataFrame:
+    return rows.groupby(by, sort=False)[col].agg(["mean", "std"]).fillna({"std": 0.0})
+
+
+# ---------------------------------------------------------------- table figures
+
+
+def throughput_vs_workers(table: pd.DataFrame) -> Figure:
+    """Samples/s vs N per series with the ideal-linear line, and scaling efficiency."""
+    rows = _rows(table, ["workers", "samples_per_s"])
+    if rows["workers"].nunique() < 2:
+        raise NoData("needs at least two worker counts")
+    rows = rows.assign(_series=series_labels(rows))
+    fig, (ax, eff) = _new(2)
+    for label, group in rows.groupby("_series", sort=False):
+        agg = _mean_std(group, ["workers"], "samples_per_s").sort_index()
+        n, thr = agg.index.to_numpy(float), agg["mean"].to_numpy()
+        ideal = thr[0] * n / n[0]  # linear from the series' smallest N
+        line = ax.errorbar(n, thr, yerr=agg["std"], marker="o", capsize=3, label=label)
+        color = line[0].get_color()
+        ax.plot(n, ideal, ls="--", color=color, alpha=0.5)
+        eff.plot(n, 100 * thr / ideal, marker="o", color=color, label=label)
+    ticks = sorted(rows["workers"].unique())
+    for a in (ax, eff):
+        a.set_xscale("log", base=2)
+        a.set_xticks(ticks, [str(int(t)) for t in ticks])
+        a.set_xlabel("workers N")
+        a.grid(alpha=0.3)
+    handles, names = ax.get_legend_handles_labels()
+    handles.append(Line2D([], [], ls="--", color="gray"))
+    ax.legend(handles, [*names, "ideal linear (from smallest N)"], fontsize="small")
+    ax.set_ylabel("throughput (samples/s)")
+    ax.set_title("Throughput")
+    eff.axhline(100, color="gray", ls=":")
+    eff.set_ylabel("scaling efficiency (% of ideal linear)")
+    eff.set_title("Scaling efficiency")
+    fig.suptitle(f"Throughput vs workers ({_context(rows)})")
+    return fig
+
+
+def step_breakdown(table: pd.DataFrame) -> Figure:
+    """Mean step time per series and N, split by the compute / comm / wait shares."""
+    phases = ["compute", "comm", "wait"]
+    rows = _rows(table, ["workers", "step_time_mean_s"] + [f"{p}_frac" for p in phases])
+    rows = rows.assign(_series=series_labels(rows))
+    cols = ["step_time_mean_s"] + [f"{p}_frac" for p in phases]
+    agg = rows.groupby(["_series", "workers"], sort=False)[cols].mean()
+    agg = agg.reindex(sorted(agg.index, key=lambda k: (list(rows["_series"].unique()).index(k[0]), k[1])))
+    fig, (ax,) = _new(1, width=max(6.4, 0.55 * len(agg) + 2))
+    x, bottom = np.arange(len(agg)), np.zeros(len(agg))
+    for p in phases:
+        height = 1e3 * agg["step_time_mean_s"].to_numpy() * agg[f"{p}_frac"].to_numpy()
+        ax.bar(x, height, bottom=bottom, color=PHASE_COLORS[p], label=p)
+        bottom += height
+    ax.set_xticks(x, [f"{s}\nN={int(n)}" for s, n in agg.index], rotation=60, ha="right",
+                  fontsize="small")
+    ax.set_ylabel("mean step time (ms), split by share of worker time")
+    ax.legend(title="phase")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(f"Where a step's time goes ({_context(rows)})")
+    return fig
+
+
+def measured_vs_predicted(table: pd.DataFrame) -> Figure:
+    """Measured communication per step against the alpha-beta prediction, with y = x."""
+    rows = _rows(table, ["comm_s_per_step", "predicted_comm_s"])
+    rows = rows.assign(_series=series_labels(rows))
+    fig, (ax,) = _new(1, width=6.8)
+    for label, group in rows.groupby("_series", sort=False):
+        pred, meas = 1e3 * group["predicted_comm_s"], 1e3 * group["comm_s_per_step"]
+        ax.scatter(pred, meas, label=label)
+        if "workers" in group.columns:
+            for p, m, n in zip(pred, meas, group["workers"], strict=True):
+                ax.annotate(f"N={int(n)}", (p, m), fontsize="x-small", xytext=(3, 3),
+                            textcoords="offset points")
+    values = np.concatenate([1e3 * rows["predicted_comm_s"], 1e3 * rows["comm_s_per_step"]])
+    positive = values[values > 0]
+    if len(positive) and positive.max() / positive.min() > 20:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    lo, hi = (positive.min(), positive.max()) if len(positive) else (0.0, 1.0)
+    ax.plot([lo, hi], [lo, hi], color="gray", ls="--", label="y = x (model exact)")
+    ax.set_xlabel("predicted communication per step (ms)")
+    ax.set_ylabel("measured communication per step (ms)")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    ax.set_title(f"Measured vs alpha-beta model ({_context(rows)})")
+    return fig
+
+
+def straggler_impact(table: pd.DataFrame) -> Figure:
+    """Mean step time per straggler setting (column `straggler`), one bar per series."""
+    rows = _rows(table, ["straggler", "step_time_mean_s"])
+    if rows["straggler"].nunique() < 2:
+        raise NoData("needs at least two straggler settings")
+    rows = rows.assign(_series=series_labels(rows, exclude=("straggler",)))
+    cats, series = list(rows["straggler"].unique()), list(rows["_series"].unique())
+    agg = _mean_std(rows, ["_series", "straggler"], "step_time_mean_s")
+    fig, (ax,) = _new(1, width=max(6.4, 1.6 * len(cats) + 2))
+    width = 0.8 / len(series)
+    for j, label in enumerate(series):
+        means = [agg["mean"].get((label, c), np.nan) * 1e3 for c in cats]
+        stds = [agg["std"].get((label, c), 0.0) * 1e3 for c in cats]
+        ax.bar(np.arange(len(cats)) + (j - (len(series) - 1) / 2) * width, means, width,
+               yerr=stds, capsize=3, label=label)
+    ax.set_xticks(np.arange(len(cats)), [textwrap.fill(str(c).replace(",", ", "), 20) for c in cats],
+                  fontsize="small")
+    ax.set_xlabel("injected straggler delay (--straggler)")
+    ax.set_ylabel("mean step time (ms)")
+    ax.legend(fontsize="small")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(f"Straggler impact ({_context(rows)})")
+    return fig
+
+
+# ---------------------------------------------------------------- per-run figures
+
+
+def staleness_histogram(steps_by_label: Mapping[str, pd.DataFrame]) -> Figure:
+    """Distribution of staleness over applied gradients (steps.parquet), one line per label."""
+    data = {label: s.loc[s["version_applied"] >= 0, "staleness"].to_numpy(float)
+            for label, s in steps_by_label.items()
+            if {"staleness", "version_applied"} <= set(s.columns)}
+    data = {k: v for k, v in data.items() if len(v)}
+    if not data:
+        raise NoData("no applied gradients with a staleness")
+    top = int(max(v.max() for v in data.values()))
+    bins = np.arange(-0.5, top + 1.5)
+    fig, (ax,) = _new(1)
+    for label, values in data.items():
+        ax.hist(values, bins=bins, weights=np.full(len(values), 1 / len(values)),
+                histtype="step", linewidth=1.5, label=label)
+    ax.set_xlabel("staleness (server versions between read and apply)")
+    ax.set_ylabel("fraction of applied gradients")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    ax.set_title("Gradient staleness")
+    return fig
+
+
+def _loss_lines(updates_by_label: Mapping[str, pd.DataFrame], x_of, xlabel: str, title: str) -> Figure:
+    data = {k: u.sort_values("version") for k, u in updates_by_label.items()
+            if {"version", "t_applied", "loss"} <= set(u.columns) and len(u.dropna(subset=["loss"]))}
+    if not data:
+        raise NoData("no updates with a loss")
+    fig, (ax,) = _new(1)
+    for label, u in data.items():
+        ax.plot(x_of(u), u["loss"], label=label)
+    if all((u["loss"] > 0).all() for u in data.values()):
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("training loss (mean over contributors)")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    return fig
+
+
+def loss_vs_updates(updates_by_label: Mapping[str, pd.DataFrame]) -> Figure:
+    """Loss after each model update (updates.parquet), one line per label."""
+    return _loss_lines(updates_by_label, lambda u: u["version"], "model updates applied",
+                       "Loss vs model updates")
+
+
+def loss_vs_time(updates_by_label: Mapping[str, pd.DataFrame]) -> Figure:
+    """Loss against wall time since the first update (time-to-loss), one line per label."""
+    return _loss_lines(updates_by_label, lambda u: u["t_applied"] - u["t_applied"].min(),
+                       "wall time since first update (s)", "Loss vs time (time-to-loss)")
+
+
+def figures_for_sweep(table: pd.DataFrame, out_dir: str | os.PathLike,
+                      steps_by_label: Mapping[str, pd.DataFrame] | None = None,
+                      updates_by_label: Mapping[str, pd.DataFrame] | None = None) -> list[Path]:
+    """Draw and save every figure the data supports; return the PNG paths."""
+    steps, updates = steps_by_label or {}, updates_by_label or {}
+    stale = any((s.get("staleness", pd.Series(dtype=float)) > 0).any() for s in steps.values())
+    makers = [("throughput_vs_workers", lambda: throughput_vs_workers(table)),
+              ("step_breakdown", lambda: step_breakdown(table)),
+              ("measured_vs_predicted", lambda: measured_vs_predicted(table)),
+              ("straggler_impact", lambda: straggler_impact(table)),
+              ("staleness_histogram", lambda: staleness_histogram(steps) if stale else None),
+              ("loss_vs_updates", lambda: loss_vs_updates(updates)),
+              ("loss_vs_time", lambda: loss_vs_time(updates))]
+    written = []
+    for stem, make in makers:
+        try:
+            fig = make()
+        except NoData:
+            continue
+        if fig is not None:  # staleness is drawn only when some gradient was stale
+            written.append(save(fig, Path(out_dir) / stem)[0])
+    return written

@@ -1,0 +1,82 @@
+"""Bad command lines: `python -m testbed.run` prints one stderr line and exits 2 before Ray starts.
+
+Each case runs the real CLI in a subprocess from an empty folder. "Fast" (well under the time a
+Ray start takes) and "no results folder" are how these tests see that no run began.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+TIMEOUT_S = 60
+FAST_S = 20
+
+
+def run_cli(args, cwd):
+    """Run the CLI; return (returncode, stdout, stderr, seconds). Kills its group on timeout."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.run", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the group this test started, nothing else
+        proc.communicate()
+        pytest.fail(f"{args} still running after {TIMEOUT_S} s: validation let it start a run")
+    return proc.returncode, out, err, time.monotonic() - t0
+
+
+# (id, argv, text the error line must contain); "{file}" is replaced by a path to a file.
+BAD = [
+    ("workers-zero", ["--workers", "0"], "--workers 0"),
+    ("workers-not-int", ["--workers", "abc"], "'abc'"),
+    ("strategy-unknown", ["--strategy", "nope"], "'nope'"),
+    ("lr-nan", ["--lr", "nan"], "--lr nan"),
+    ("workload-unknown", ["--workload", "nope"], "'nope'"),
+    ("bandwidth-zero", ["--bandwidth", "0Gbit", "--strategy", "mapreduce"], "'0Gbit'"),
+    ("ps-shards-zero", ["--ps-shards", "0", "--strategy", "ps-sync"], "--ps-shards 0"),
+    ("ps-flag-on-ring", ["--ps-shards", "2", "--strategy", "ring"], "--ps-shards 2"),
+    ("transport-on-mapreduce", ["--transport", "torch", "--strategy", "mapreduce"], "'torch'"),
+    ("payload-scaled-two", ["--workload", "synthetic", "--payload", "scaled:2"], "'scaled:2'"),
+    ("latency-without-bandwidth", ["--latency", "50us"], "'50us'"),
+    ("out-is-a-file", ["--out", "{file}"], "{file}"),
+    ("straggler-no-such-worker",
+     ["--workers", "8", "--straggler", "fixed:worker=99,delay=200ms"],
+     "'fixed:worker=99,delay=200ms'"),
+    ("unknown-flag", ["--no-such-flag", "1"], "--no-such-flag"),
+]
+
+
+@pytest.mark.parametrize(("argv", "needle"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, needle):
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("x")
+    argv = [a.replace("{file}", str(a_file)) for a in argv]
+    needle = needle.replace("{file}", str(a_file))
+    work = tmp_path / "cwd"
+    work.mkdir()
+
+    code, out, err, seconds = run_cli(argv, work)
+
+    assert code == 2, (code, out, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].strip(), err
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in err
+    assert out == ""
+    assert seconds < FAST_S, f"took {seconds:.1f} s: something slow (Ray?) ran before validation"
+    assert list(work.iterdir()) == []  # no results folder: no run began
+
+
+def test_help_exits_0(tmp_path):
+    code, out, err, seconds = run_cli(["--help"], tmp_path)
+    assert code == 0, err
+    assert "usage:" in out and "--strategy" in out and "--straggler" in out
+    assert err == ""
+    assert seconds < FAST_S

@@ -1,0 +1,352 @@
+"""Tests for testbed.config: every validate() rule, round trips, and parse_config's argv mapping.
+
+Each rejected value must raise ConfigError whose one line names the flag and the value
+("--flag <repr(value)>"), and a nearby good value must pass. The strategy -> family table is
+literal, so these tests do not depend on which strategies are registered (or on Ray).
+"""
+
+import json
+import os
+import stat
+
+import pytest
+
+from testbed.config import (
+    ConfigError,
+    NetworkConfig,
+    PSConfig,
+    RunConfig,
+    WorkloadConfig,
+    from_dict,
+    validate,
+    with_overrides,
+)
+from testbed.run import parse_config
+
+FAMILIES = {
+    "mapreduce": "mapreduce",
+    "ring": "allreduce",
+    "allreduce-torch": "allreduce",
+    "ps-sync": "ps",
+    "ps-async": "ps",
+}
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture
+def base(tmp_path):
+    """Default config writing under tmp_path, so --out never depends on the cwd."""
+    return RunConfig(out=str(tmp_path / "runs"))
+
+
+def rejects(cfg, flag, value):
+    """Assert validate() fails with one line naming FLAG and VALUE; return the message."""
+    with pytest.raises(ConfigError) as info:
+        validate(cfg, FAMILIES)
+    msg = str(info.value)
+    assert f"{flag} {value!r}" in msg, msg
+    assert "\n" not in msg and msg.strip() == msg
+    return msg
+
+
+def passes(cfg):
+    assert validate(cfg, FAMILIES) is cfg
+
+
+# (rule id, overrides, flag, value named in the message)
+BAD = [
+    ("strategy-unknown", {"strategy": "nope"}, "--strategy", "nope"),
+    ("workload-unknown", {"workload.name": "resnet"}, "--workload", "resnet"),
+    ("device-unknown", {"cluster.device": "tpu"}, "--device", "tpu"),
+    ("placement-unknown", {"cluster.placement": "scatter"}, "--placement", "scatter"),
+    ("transport-unknown", {"ring.transport": "pigeon"}, "--transport", "pigeon"),
+    ("workers-zero", {"workers": 0}, "--workers", 0),
+    ("workers-negative", {"workers": -1}, "--workers", -1),
+    ("workers-huge", {"workers": 100000}, "--workers", 100000),
+    ("workers-just-over-max", {"workers": 4097}, "--workers", 4097),
+    ("workers-bool", {"workers": True}, "--workers", True),
+    ("workers-float", {"workers": 2.0}, "--workers", 2.0),
+    ("steps-zero", {"steps": 0}, "--steps", 0),
+    ("seed-negative", {"seed": -1}, "--seed", -1),
+    ("seed-too-big", {"seed": 2**32}, "--seed", 2**32),
+    ("batch-size-zero", {"workload.batch_size": 0}, "--batch-size", 0),
+    ("lr-zero", {"workload.lr": 0.0}, "--lr", 0.0),
+    ("lr-negative", {"workload.lr": -1.0}, "--lr", -1.0),
+    ("lr-nan", {"workload.lr": NAN}, "--lr", NAN),
+    ("lr-inf", {"workload.lr": INF}, "--lr", INF),
+    ("lr-string", {"workload.lr": "0.1"}, "--lr", "0.1"),
+    ("lr-bool", {"workload.lr": True}, "--lr", True),
+    ("grad-mb-zero", {"workload.grad_mb": 0.0}, "--grad-mb", 0.0),
+    ("grad-mb-nan", {"workload.grad_mb": NAN}, "--grad-mb", NAN),
+    ("grad-mb-inf", {"workload.grad_mb": INF}, "--grad-mb", INF),
+    ("grad-mb-huge", {"workload.grad_mb": 1e6}, "--grad-mb", 1e6),
+    ("compute-ms-negative", {"workload.compute_ms": -1.0}, "--compute-ms", -1.0),
+    ("compute-ms-nan", {"workload.compute_ms": NAN}, "--compute-ms", NAN),
+    ("backward-frac-over-one", {"workload.backward_frac": 1.5}, "--backward-frac", 1.5),
+    ("backward-frac-negative", {"workload.backward_frac": -0.1}, "--backward-frac", -0.1),
+    ("payload-bad", {"workload.name": "synthetic", "workload.payload": "bad"}, "--payload", "bad"),
+    ("payload-scaled-zero", {"workload.name": "synthetic", "workload.payload": "scaled:0"},
+     "--payload", "scaled:0"),
+    ("payload-scaled-two", {"workload.name": "synthetic", "workload.payload": "scaled:2"},
+     "--payload", "scaled:2"),
+    ("payload-scaled-nan", {"workload.name": "synthetic", "workload.payload": "scaled:nan"},
+     "--payload", "scaled:nan"),
+    ("payload-scaled-empty", {"workload.name": "synthetic", "workload.payload": "scaled:"},
+     "--payload", "scaled:"),
+    ("payload-non-synthetic", {"workload.name": "mlp", "workload.payload": "scaled:0.5"},
+     "--payload", "scaled:0.5"),
+    ("cpus-per-worker-zero", {"cluster.cpus_per_worker": 0.0}, "--cpus-per-worker", 0.0),
+    ("timeout-zero", {"cluster.timeout_s": 0.0}, "--timeout", 0.0),
+    ("timeout-inf", {"cluster.timeout_s": INF}, "--timeout", INF),
+    ("address-blank", {"cluster.address": "  "}, "--address", "  "),
+    ("ps-shards-zero", {"strategy": "ps-sync", "ps.shards": 0}, "--ps-shards", 0),
+    ("ps-shards-huge", {"strategy": "ps-sync", "ps.shards": 1025}, "--ps-shards", 1025),
+    ("staleness-negative", {"strategy": "ps-async", "ps.staleness_bound": -1},
+     "--staleness-bound", -1),
+    ("staleness-with-ps-sync", {"strategy": "ps-sync", "ps.staleness_bound": 2},
+     "--staleness-bound", 2),
+    ("backup-equals-workers", {"strategy": "ps-sync", "workers": 4, "ps.backup_workers": 4},
+     "--backup-workers", 4),
+    ("backup-over-workers", {"strategy": "ps-sync", "workers": 4, "ps.backup_workers": 9},
+     "--backup-workers", 9),
+    ("backup-negative", {"strategy": "ps-sync", "ps.backup_workers": -1}, "--backup-workers", -1),
+    ("backup-with-ps-async", {"strategy": "ps-async", "ps.backup_workers": 1},
+     "--backup-workers", 1),
+    ("ps-shards-on-ring", {"strategy": "ring", "ps.shards": 2}, "--ps-shards", 2),
+    ("ps-shards-zero-on-mapreduce", {"strategy": "mapreduce", "ps.shards": 0}, "--ps-shards", 0),
+    ("staleness-on-mapreduce", {"strategy": "mapreduce", "ps.staleness_bound": 0},
+     "--staleness-bound", 0),
+    ("backup-on-allreduce-torch", {"strategy": "allreduce-torch", "ps.backup_workers": 1},
+     "--backup-workers", 1),
+    ("transport-torch-on-mapreduce", {"strategy": "mapreduce", "ring.transport": "torch"},
+     "--transport", "torch"),
+    ("transport-torch-on-ps", {"strategy": "ps-sync", "ring.transport": "torch"},
+     "--transport", "torch"),
+    ("bucket-mb-zero", {"ring.bucket_mb": 0.0}, "--bucket-mb", 0.0),
+    ("bandwidth-zero", {"network.bandwidth": "0Gbit"}, "--bandwidth", "0Gbit"),
+    ("bandwidth-unknown-unit", {"network.bandwidth": "10Gfoo"}, "--bandwidth", "10Gfoo"),
+    ("bandwidth-no-unit", {"network.bandwidth": "10"}, "--bandwidth", "10"),
+    ("bandwidth-nan", {"network.bandwidth": "nanGbit"}, "--bandwidth", "nanGbit"),
+    ("latency-without-bandwidth", {"network.latency": "50us"}, "--latency", "50us"),
+    ("latency-unknown-unit", {"network.bandwidth": "10Gbit", "network.latency": "5parsec"},
+     "--latency", "5parsec"),
+    ("latency-negative", {"network.bandwidth": "10Gbit", "network.latency": "-1ms"},
+     "--latency", "-1ms"),
+    ("straggler-worker-99", {"workers": 8, "straggler": "fixed:worker=99,delay=200ms"},
+     "--straggler", "fixed:worker=99,delay=200ms"),
+    ("straggler-worker-equals-n", {"workers": 8, "straggler": "slowdown:worker=8,factor=2"},
+     "--straggler", "slowdown:worker=8,factor=2"),
+    ("straggler-unknown-kind", {"straggler": "bogus:worker=1"}, "--straggler", "bogus:worker=1"),
+    ("straggler-empty", {"straggler": ""}, "--straggler", ""),
+]
+
+
+@pytest.mark.parametrize(("overrides", "flag", "value"),
+                         [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_rule_rejects_bad_value(base, overrides, flag, value):
+    rejects(with_overrides(base, **overrides), flag, value)
+
+
+# (rule id, overrides): the good side of each rule, including its boundaries.
+GOOD = [
+    ("defaults", {}),
+    ("strategy-mapreduce", {"strategy": "mapreduce"}),
+    ("strategy-allreduce-torch", {"strategy": "allreduce-torch"}),
+    ("strategy-ps-sync", {"strategy": "ps-sync"}),
+    ("strategy-ps-async", {"strategy": "ps-async"}),
+    ("workload-logreg", {"workload.name": "logreg"}),
+    ("device-cuda", {"cluster.device": "cuda"}),  # a missing GPU is a cluster check, later
+    ("placement-spread", {"cluster.placement": "spread"}),
+    ("transport-torch-on-ring", {"ring.transport": "torch"}),
+    ("transport-torch-on-allreduce-torch", {"strategy": "allreduce-torch", "ring.transport": "torch"}),
+    ("workers-one", {"workers": 1}),
+    ("workers-max", {"workers": 4096}),
+    ("steps-one", {"steps": 1}),
+    ("seed-max", {"seed": 2**32 - 1}),
+    ("batch-size-one", {"workload.batch_size": 1}),
+    ("lr-tiny", {"workload.lr": 1e-6}),
+    ("lr-int", {"workload.lr": 1}),
+    ("grad-mb-small", {"workload.grad_mb": 0.001}),
+    ("grad-mb-max", {"workload.grad_mb": 65536.0}),
+    ("compute-ms-zero", {"workload.compute_ms": 0.0}),
+    ("backward-frac-bounds", {"workload.backward_frac": 1.0}),
+    ("payload-scaled-one", {"workload.name": "synthetic", "workload.payload": "scaled:1"}),
+    ("payload-scaled-small", {"workload.name": "synthetic", "workload.payload": "scaled:0.01"}),
+    ("payload-full-on-mlp", {"workload.name": "mlp", "workload.payload": "full"}),
+    ("cpus-per-worker", {"cluster.cpus_per_worker": 0.25}),
+    ("address-auto", {"cluster.address": "auto"}),
+    ("ps-shards", {"strategy": "ps-sync", "ps.shards": 4}),
+    ("staleness-zero-async", {"strategy": "ps-async", "ps.staleness_bound": 0}),
+    ("backup-below-workers", {"strategy": "ps-sync", "workers": 4, "ps.backup_workers": 3}),
+    ("bandwidth-bits", {"network.bandwidth": "10Gbit"}),
+    ("bandwidth-bytes", {"network.bandwidth": "1.25GB/s"}),
+    ("latency-with-bandwidth", {"network.bandwidth": "10Gbit", "network.latency": "50us"}),
+    ("latency-zero-without-bandwidth", {"network.latency": "0"}),
+    ("straggler-last-worker", {"workers": 8, "straggler": "fixed:worker=7,delay=200ms"}),
+    ("straggler-random", {"straggler": "random:dist=exponential,mean=5ms"}),
+]
+
+
+@pytest.mark.parametrize("overrides", [g[1] for g in GOOD], ids=[g[0] for g in GOOD])
+def test_rule_accepts_good_value(base, overrides):
+    passes(with_overrides(base, **overrides))
+
+
+def test_strategy_error_lists_the_choices(base):
+    msg = rejects(with_overrides(base, strategy="nope"), "--strategy", "nope")
+    assert all(name in msg for name in FAMILIES)
+
+
+def test_backup_workers_error_names_the_worker_count(base):
+    cfg = with_overrides(base, strategy="ps-sync", workers=4, **{"ps.backup_workers": 4})
+    assert "--workers (4)" in rejects(cfg, "--backup-workers", 4)
+
+
+def test_straggler_error_names_the_valid_range(base):
+    cfg = with_overrides(base, workers=8, straggler="fixed:worker=99,delay=200ms")
+    assert "0..7" in rejects(cfg, "--straggler", "fixed:worker=99,delay=200ms")
+
+
+# ---------------------------------------------------------------- --out
+
+
+def test_out_that_is_a_file(tmp_path):
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    rejects(RunConfig(out=str(f)), "--out", str(f))
+
+
+def test_out_below_a_file(tmp_path):
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    rejects(RunConfig(out=str(f / "runs")), "--out", str(f / "runs"))
+
+
+def test_out_that_does_not_exist_yet(tmp_path):
+    passes(RunConfig(out=str(tmp_path / "deep" / "new" / "runs")))
+    assert not (tmp_path / "deep").exists()  # validation creates nothing
+
+
+@pytest.mark.skipif(
+    hasattr(os, "geteuid") and os.geteuid() == 0,
+    reason="running as root: root can write to any folder, so an unwritable --out cannot be made",
+)
+def test_out_in_an_unwritable_folder(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        rejects(RunConfig(out=str(locked / "runs")), "--out", str(locked / "runs"))
+    finally:
+        locked.chmod(stat.S_IRWXU)
+
+
+# ---------------------------------------------------------------- round trips
+
+
+def _busy_config(tmp_path):
+    return RunConfig(
+        strategy="ps-async", workers=6, steps=7, seed=3, out=str(tmp_path), quiet=True,
+        timeline=True, straggler="fixed:worker=2,delay=5ms",
+        workload=WorkloadConfig(name="synthetic", batch_size=8, lr=0.05, grad_mb=1.5,
+                                compute_ms=2.0, payload="scaled:0.25"),
+        ps=PSConfig(shards=3, staleness_bound=2),
+        network=NetworkConfig(bandwidth="10Gbit", latency="50us"),
+    )
+
+
+def test_from_dict_round_trips_to_dict(tmp_path):
+    cfg = _busy_config(tmp_path)
+    assert from_dict(cfg.to_dict()) == cfg
+    assert from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg  # as saved in config.json
+    assert from_dict(RunConfig().to_dict()) == RunConfig()
+    validate(from_dict(cfg.to_dict()), FAMILIES)
+
+
+def test_from_dict_ignores_unknown_top_level_keys():
+    data = {**RunConfig(workers=3).to_dict(), "schema_version": 1, "provenance": {}}
+    assert from_dict(data) == RunConfig(workers=3)
+
+
+def test_to_dict_is_nested_and_json_ready(tmp_path):
+    d = _busy_config(tmp_path).to_dict()
+    assert d["ps"] == {"shards": 3, "staleness_bound": 2, "backup_workers": 0}
+    assert d["workload"]["payload"] == "scaled:0.25"
+    json.dumps(d, allow_nan=False)
+
+
+def test_with_overrides_flat_and_dotted():
+    cfg = RunConfig()
+    new = with_overrides(cfg, workers=8, **{"ps.shards": 2, "workload.lr": 0.5,
+                                            "network.bandwidth": "1Gbit"})
+    assert (new.workers, new.ps.shards, new.workload.lr, new.network.bandwidth) == (8, 2, 0.5, "1Gbit")
+    assert new.ps.staleness_bound is None and new.workload.name == "mlp"  # siblings kept
+    assert cfg == RunConfig()  # the original is untouched
+    assert with_overrides(cfg) == cfg
+
+
+def test_with_overrides_rejects_unknown_fields():
+    with pytest.raises(TypeError):
+        with_overrides(RunConfig(), nope=1)
+    with pytest.raises(TypeError):
+        with_overrides(RunConfig(), **{"ps.nope": 1})
+
+
+def test_derived_properties():
+    cfg = RunConfig(workload=WorkloadConfig(name="synthetic", grad_mb=2.0, payload="scaled:0.01"),
+                    network=NetworkConfig(bandwidth="10Gbit", latency="50us"))
+    assert cfg.grad_bytes_logical == 2 * 2**20
+    assert cfg.workload.payload_scale == 0.01
+    assert WorkloadConfig().payload_scale == 1.0
+    assert cfg.network.emulated and cfg.network.bandwidth_Bps == pytest.approx(1.25e9)
+    assert cfg.network.latency_s == pytest.approx(50e-6)
+    assert RunConfig().grad_bytes_logical is None
+    assert not RunConfig().network.emulated and RunConfig().network.bandwidth_Bps is None
+
+
+# ---------------------------------------------------------------- parse_config (argv)
+
+
+def test_parse_config_defaults_equal_the_dataclass_defaults(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # default --out is relative
+    assert parse_config([], FAMILIES) == RunConfig()
+
+
+def test_parse_config_maps_every_part(tmp_path):
+    argv = ["--strategy", "ps-async", "--workers", "6", "--steps", "7", "--seed", "3",
+            "--out", str(tmp_path), "--quiet", "--timeline",
+            "--straggler", "fixed:worker=2,delay=5ms", "--workload", "synthetic",
+            "--batch-size", "8", "--lr", "0.05", "--grad-mb", "1.5", "--compute-ms", "2",
+            "--payload", "scaled:0.25", "--ps-shards", "3", "--staleness-bound", "2",
+            "--bandwidth", "10Gbit", "--latency", "50us"]
+    assert parse_config(argv, FAMILIES) == _busy_config(tmp_path)
+
+
+def test_parse_config_ring_and_cluster_flags(tmp_path):
+    cfg = parse_config(["--no-overlap", "--bucket-mb", "4", "--transport", "torch",
+                        "--placement", "spread", "--device", "cpu", "--cpus-per-worker", "0.5",
+                        "--timeout", "5", "--address", "auto", "--out", str(tmp_path)], FAMILIES)
+    assert cfg.ring.overlap is False and cfg.ring.bucket_mb == 4.0
+    assert cfg.ring.transport == "torch"
+    assert (cfg.cluster.placement, cfg.cluster.device, cfg.cluster.cpus_per_worker,
+            cfg.cluster.timeout_s, cfg.cluster.address) == ("spread", "cpu", 0.5, 5.0, "auto")
+    assert parse_config(["--overlap", "--out", str(tmp_path)], FAMILIES).ring.overlap is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--workers", "abc"], "'abc'"),
+        (["--lr", "fast"], "'fast'"),
+        (["--no-such-flag"], "--no-such-flag"),
+        (["--workers"], "--workers"),
+        (["--workers", "0"], "--workers 0"),
+        (["--lr", "nan"], "--lr nan"),
+    ],
+)
+def test_parse_config_bad_argv_raises_config_error(tmp_path, argv, needle):
+    with pytest.raises(ConfigError) as info:
+        parse_config([*argv, "--out", str(tmp_path)], FAMILIES)
+    assert needle in str(info.value)
+    assert "\n" not in str(info.value)
+
