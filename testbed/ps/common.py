@@ -24,32 +24,13 @@ import ray
 from testbed import remote
 from testbed.allreduce.ring import chunk_bounds
 from testbed.ps.server import ShardActor
+from testbed.ps.ssp import ssp_may_start
 from testbed.ps.worker import PSWorker
 from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
 from testbed.workloads.base import unflatten
 
 RemotePSWorker = ray.remote(PSWorker)
 RemoteShard = ray.remote(ShardActor)
-
-
-def ssp_staleness_bound(workers: int, bound: int) -> int:
-    """Largest version staleness SSP with clock bound s allows: (N-1)(2s+1).
-
-    While worker w computes iteration c (pulled after every worker finished c-s-1), any other
-    worker j can push iterations c-s .. c+s (it may not start c+s+1 before w finishes c): at
-    most 2s+1 gradients each, all applied between w's pull and w's push. The clock bound s
-    is in iterations; in versions (the staleness we record) it scales with N.
-    """
-    return (workers - 1) * (2 * bound + 1)
-
-
-def ssp_may_start(iteration: int, completed: list[int], bound: int | None) -> bool:
-    """SSP rule: iteration c may start once every worker has finished iteration c-s-1.
-
-    `completed[j]` counts worker j's finished iterations, so "finished c-s-1" is
-    completed[j] >= c-s. No bound (None) means fully asynchronous.
-    """
-    return bound is None or min(completed) >= iteration - bound
 
 
 class ParameterServer(Strategy):
@@ -84,6 +65,8 @@ class ParameterServer(Strategy):
         inflight: dict[Any, int] = {}
         updates = 0
         self.t_run = time.time()
+        self._pending_updates: dict[int, dict[str, Any]] = {}
+        self._next_version = 1
         while True:
             if updates < cfg.steps:
                 for w in range(n):
@@ -128,7 +111,11 @@ class ParameterServer(Strategy):
         update = acks[0].get("update")
         if update is None:
             return 0
-        recorder.update(UpdateRecord(**update))
+        # acks reach the driver in completion order; updates are recorded in version order
+        self._pending_updates[update["version"]] = update
+        while self._next_version in self._pending_updates:
+            recorder.update(UpdateRecord(**self._pending_updates.pop(self._next_version)))
+            self._next_version += 1
         return 1
 
     def summary_extra(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -53,17 +54,26 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("argv", "needle"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, needle):
-    a_file = tmp_path / "not-a-folder"
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    """Run every BAD case, a few at a time (each is a Python start-up), keyed by case id."""
+    root = tmp_path_factory.mktemp("cli")
+    a_file = root / "not-a-folder"
     a_file.write_text("x")
-    argv = [a.replace("{file}", str(a_file)) for a in argv]
-    needle = needle.replace("{file}", str(a_file))
-    work = tmp_path / "cwd"
-    work.mkdir()
+    jobs = {}
+    for case_id, argv, needle in BAD:
+        work = root / case_id
+        work.mkdir()
+        jobs[case_id] = ([a.replace("{file}", str(a_file)) for a in argv],
+                         needle.replace("{file}", str(a_file)), work)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {k: pool.submit(run_cli, argv, work) for k, (argv, _, work) in jobs.items()}
+        return {k: (jobs[k][1], jobs[k][2], f.result()) for k, f in futures.items()}
 
-    code, out, err, seconds = run_cli(argv, work)
 
+@pytest.mark.parametrize("case_id", [b[0] for b in BAD])
+def test_bad_input_is_one_line_and_exit_2(outcomes, case_id):
+    needle, work, (code, out, err, seconds) = outcomes[case_id]
     assert code == 2, (code, out, err)
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].strip(), err

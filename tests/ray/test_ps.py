@@ -1,0 +1,87 @@
+"""Parameter-server invariants on a real Ray run: staleness, SSP, backup workers, apply-once."""
+
+import numpy as np
+import pytest
+import ray
+
+from testbed.ps.server import ShardActor
+from testbed.ps.ssp import ssp_staleness_bound
+from tests.ray.helpers import make_config, run_strategy
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+SLOW = "fixed:worker=0,delay=60ms"
+
+
+@pytest.fixture(scope="module")
+def async_slow(ray_cluster):
+    cfg = make_config(strategy="ps-async", workers=3, steps=40, straggler=SLOW,
+                      **{"workload.lr": 0.05})
+    return run_strategy(cfg)
+
+
+@pytest.fixture(scope="module")
+def ssp_slow(ray_cluster):
+    cfg = make_config(strategy="ps-async", workers=3, steps=40, straggler=SLOW,
+                      **{"workload.lr": 0.05, "ps.staleness_bound": 2})
+    return run_strategy(cfg)
+
+
+def test_async_staleness_nonnegative_and_slow_worker_is_stalest(async_slow):
+    steps = async_slow["steps"]
+    applied = steps[steps["version_applied"] >= 0]
+    assert (applied["staleness"] >= 0).all()
+    assert (applied["staleness"] == applied["version_applied"] - applied["version_read"]).all()
+    by_worker = applied.groupby("worker")["staleness"].mean()
+    assert by_worker[0] > 0
+    assert by_worker[0] > by_worker.drop(0).max()
+
+
+def test_async_versions_strictly_increase_and_loss_decreases(async_slow):
+    upd = async_slow["updates"]
+    assert list(upd["version"]) == list(range(1, 41))
+    assert np.all(np.diff(upd["t_applied"].to_numpy()) >= 0)
+    assert upd["loss"].iloc[-8:].mean() < upd["loss"].iloc[:8].mean()
+
+
+def test_async_fast_workers_keep_going(async_slow):
+    counts = async_slow["steps"].groupby("worker").size()
+    assert counts[1] > 2 * counts[0] and counts[2] > 2 * counts[0]
+
+
+def test_ssp_bound_holds_and_fast_workers_wait(ssp_slow, async_slow):
+    steps = ssp_slow["steps"]
+    applied = steps[steps["version_applied"] >= 0]
+    assert applied["staleness"].max() <= ssp_staleness_bound(3, 2)
+    # iteration gap: nobody runs more than s+1 iterations ahead of the slowest
+    for _, row in steps.iterrows():
+        slowest_done = (steps[(steps["worker"] == 0) & (steps["t_start"] < row["t_start"])]).shape[0]
+        assert row["iteration"] <= slowest_done + 2
+    fast_wait = steps[steps["worker"] != 0]["wait_s"].sum()
+    free_wait = async_slow["steps"].query("worker != 0")["wait_s"].sum()
+    assert fast_wait > 0.05 and fast_wait > 5 * free_wait
+
+
+def test_backup_worker_drops_exactly_one_gradient_per_version():
+    cfg = make_config(strategy="ps-sync", workers=4, steps=6, straggler="fixed:worker=3,delay=80ms",
+                      **{"ps.backup_workers": 1})
+    out = run_strategy(cfg)
+    upd = out["updates"]
+    assert (upd["contributors"] == 3).all() and (upd["dropped"] == 1).all()
+    steps = out["steps"]
+    late = steps[(steps["worker"] == 3) & (steps["version_applied"] < 0)]
+    assert len(late) >= 1
+    applied = steps[steps["version_applied"] >= 0]
+    assert applied.groupby("version_applied").size().eq(3).all()
+
+
+def test_retried_push_is_not_applied_twice(ray_cluster):
+    cfg = make_config(strategy="ps-async", workers=1)
+    shard = ray.remote(ShardActor).options(num_cpus=0.1, max_concurrency=4).remote(
+        np.zeros(4, np.float32), cfg.network, 0, 1.0, lr=1.0, sync=False, workers=1)
+    g = np.ones(4, np.float32)
+    first = ray.get(shard.push.remote(g, 0, 0, 0, 1.0, None), timeout=30)
+    again = ray.get(shard.push.remote(g, 0, 0, 0, 1.0, None), timeout=30)
+    assert (first["status"], again["status"]) == ("applied", "duplicate")
+    np.testing.assert_array_equal(ray.get(shard.get_params.remote(), timeout=30), -g)
+    ray.kill(shard)
