@@ -172,6 +172,9 @@ def validate(cfg: RunConfig, strategies: Mapping[str, str]) -> RunConfig:
     _validate_ps(cfg, family)
     _validate_ring(cfg, family)
     _validate_network(cfg.network)
+    if cfg.network.emulated and cfg.strategy == "allreduce-torch":
+        _fail("--bandwidth", cfg.network.bandwidth, "the library allreduce moves bytes itself and cannot be "
+              "emulated; drop --bandwidth or use --strategy ring")
     try:
         specs = parse_stragglers(cfg.straggler)
     except ValueError as exc:

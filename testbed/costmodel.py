@@ -21,6 +21,15 @@ MapReduce-style driver aggregation: ``2(a + N K/B)``. The driver is a single NIC
 sends K bytes of parameters to each of N workers (N K through its egress) and receives N
 gradients of K bytes (N K through its ingress); each phase adds one latency.
 
+Pipelined variants (what the emulator and a full-duplex network do with zero compute):
+``ps-sync 2a + (N + 2S - 1) K/(S B)`` and ``mapreduce 2a + (N + 1) K/B``. Egress and ingress
+are separate queues, so the first worker's push overlaps the later workers' pulls: shard s
+delivers worker i's pull at a + (i + S) K/(S B) (its S pieces serialise at the worker's
+ingress), the worker's S pushes leave one after another and the last reaches its shard
+a + S K/(S B) later; the last worker (i = N-1) ends the step. With S = 1 this is
+2a + (N+1) K/B, the same as the driver of MapReduce. The no-overlap formulas above are the
+upper bounds every step respects; `predict` reports both.
+
 Halving-doubling (Rabenseifner): ``2 log2(N) a + 2 (N-1)/N K/B``. Recursive halving does
 log2 N rounds exchanging K/2, K/4, ..., K/N bytes, which sum to (N-1)/N K; recursive
 doubling mirrors it. For N not a power of two ceil(log2 N) rounds are charged, an
@@ -44,9 +53,11 @@ __all__ = [
     "gossip_comm_s",
     "halving_doubling_comm_s",
     "mapreduce_comm_s",
+    "mapreduce_pipelined_comm_s",
     "predict",
     "ps_async_comm_s",
     "ps_sync_comm_s",
+    "ps_sync_pipelined_comm_s",
     "ring_comm_s",
 ]
 
@@ -123,6 +134,21 @@ def gossip_comm_s(d: int, k: float, a: float, b: float) -> float:
     return a + d * k / b
 
 
+def ps_sync_pipelined_comm_s(n: int, k: float, a: float, b: float, shards: int = 1) -> float:
+    """Return 2a + (N + 2S - 1) K/(S B): pulls and pushes overlap on full-duplex NICs."""
+    _count("workers", n, 1)
+    _count("shards", shards, 1)
+    _link(k, a, b)
+    return 2 * a + (n + 2 * shards - 1) * k / (shards * b)
+
+
+def mapreduce_pipelined_comm_s(n: int, k: float, a: float, b: float) -> float:
+    """Return 2a + (N + 1) K/B: the driver's broadcast and gather overlap."""
+    _count("workers", n, 1)
+    _link(k, a, b)
+    return 2 * a + (n + 1) * k / b
+
+
 def ps_async_comm_s(n: int, k: float, a: float, b: float, shards: int = 1) -> float:
     """Return the lower bound 2(a + K/(S B)) per applied gradient; N only validated."""
     _count("workers", n, 1)
@@ -155,16 +181,19 @@ def predict(
     if not (math.isfinite(compute_s) and compute_s >= 0):
         raise ValueError(f"compute_s {compute_s!r}: must be finite and >= 0 seconds; e.g. 0.05")
     n, k, a, b = workers, grad_bytes, latency, bandwidth
+    upper = None
     if strategy in ("ring", "allreduce-torch"):
         comm = ring_comm_s(n, k, a, b, buckets=buckets)
         formula = "2*(N-1)*(a + K/(N*B))" if buckets == 1 else "2*(N-1)*(b*a + K/(N*B))"
     elif strategy == "ps-sync":
-        comm, formula = ps_sync_comm_s(n, k, a, b, shards=shards), "2*(a + N*K/(S*B))"
+        comm, formula = ps_sync_pipelined_comm_s(n, k, a, b, shards), "2*a + (N+2*S-1)*K/(S*B) (pipelined)"
+        upper = ps_sync_comm_s(n, k, a, b, shards=shards)
     elif strategy == "ps-async":
         comm = ps_async_comm_s(n, k, a, b, shards=shards)
         formula = "2*(a + K/(S*B)) (lower bound, no contention)"
     elif strategy == "mapreduce":
-        comm, formula = mapreduce_comm_s(n, k, a, b), "2*(a + N*K/B)"
+        comm, formula = mapreduce_pipelined_comm_s(n, k, a, b), "2*a + (N+1)*K/B (pipelined)"
+        upper = mapreduce_comm_s(n, k, a, b)
     elif strategy == "halving-doubling":
         comm = halving_doubling_comm_s(n, k, a, b)
         formula = "2*ceil(log2(N))*a + 2*(N-1)/N*K/B"
@@ -172,7 +201,8 @@ def predict(
         _count("workers", n, 1)
         # A worker cannot have more distinct neighbours than there are other workers.
         comm, formula = gossip_comm_s(min(degree, n - 1), k, a, b), "a + d*K/B"
-    return {"predicted_comm_s": comm, "predicted_step_s": compute_s + comm, "formula": formula}
+    return {"predicted_comm_s": comm, "predicted_step_s": compute_s + comm, "formula": formula,
+            "predicted_comm_s_no_overlap": comm if upper is None else upper}
 
 
 def bytes_per_worker_per_step(

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -110,14 +111,40 @@ def _context(table: pd.DataFrame) -> str:
     names = sorted(table["workload.name"].dropna().unique()) if "workload.name" in table.columns else []
     if names:
         parts.append("/".join(map(str, names)))
+    if "steps" in table.columns and table["steps"].notna().any():
+        parts.append(f"{'/'.join(_fmt(s) for s in sorted(table['steps'].dropna().unique()))} updates")
     if "synthetic" in names and "workload.grad_mb" in table.columns:
         sizes = sorted(table["workload.grad_mb"].dropna().unique())
         parts.append("grad " + "/".join(_fmt(float(s)) for s in sizes) + " MiB")
     if "network.bandwidth" in table.columns:
         bw = table["network.bandwidth"].dropna().unique()
         lat = table["network.latency"].dropna().unique() if "network.latency" in table.columns else []
-        parts.append(f"net {'/'.join(map(str, bw))}, {'/'.join(map(str, lat))}" if len(bw) else "real network")
+        net = f"net {'/'.join(map(str, bw))}, {'/'.join(map(str, lat))}"
+        parts.append(net if len(bw) else "real network")
     return ", ".join(parts)
+
+
+def _title(what: str, rows: pd.DataFrame) -> str:
+    context = _context(rows)
+    return f"{what}\n{context}" if context else what
+
+
+def _legend(ax, handles: list | None = None, labels: list[str] | None = None) -> None:
+    """Legend inside the axes when short; beside them when long, so it hides no data."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    if len(handles) <= 4:
+        ax.legend(handles, labels, fontsize="small")
+    else:  # widen the figure by the legend's width so the axes keep theirs
+        fig = ax.get_figure()
+        fig.set_figwidth(fig.get_figwidth() + 0.3 + 0.055 * max(map(len, labels)))
+        ax.legend(handles, labels, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
+
+
+def _colors(n: int) -> list:
+    """Distinct colours for n lines (tab10, or tab20 past ten so none repeats)."""
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
 
 
 def _mean_std(rows: pd.DataFrame, by: list[str], col: str) -> pd.DataFrame:
@@ -150,36 +177,42 @@ def throughput_vs_workers(table: pd.DataFrame) -> Figure:
         a.grid(alpha=0.3)
     handles, names = ax.get_legend_handles_labels()
     handles.append(Line2D([], [], ls="--", color="gray"))
-    ax.legend(handles, [*names, "ideal linear (from smallest N)"], fontsize="small")
+    _legend(eff if len(handles) > 4 else ax, handles, [*names, "ideal linear (from smallest N)"])
+    lo, hi = rows["samples_per_s"].min(), rows["samples_per_s"].max()
+    if lo > 0 and hi / lo > 20:
+        ax.set_yscale("log")  # strategies an order of magnitude apart stay readable
     ax.set_ylabel("throughput (samples/s)")
     ax.set_title("Throughput")
     eff.axhline(100, color="gray", ls=":")
     eff.set_ylabel("scaling efficiency (% of ideal linear)")
     eff.set_title("Scaling efficiency")
-    fig.suptitle(f"Throughput vs workers ({_context(rows)})")
+    fig.suptitle(_title("Throughput vs workers", rows))
     return fig
 
 
 def step_breakdown(table: pd.DataFrame) -> Figure:
     """Mean step time per series and N, split by the compute / comm / wait shares."""
     phases = ["compute", "comm", "wait"]
-    rows = _rows(table, ["workers", "step_time_mean_s"] + [f"{p}_frac" for p in phases])
-    rows = rows.assign(_series=series_labels(rows))
     cols = ["step_time_mean_s"] + [f"{p}_frac" for p in phases]
+    rows = _rows(table, ["workers", *cols])
+    rows = rows.assign(_series=series_labels(rows))
+    order = list(rows["_series"].unique())
     agg = rows.groupby(["_series", "workers"], sort=False)[cols].mean()
-    agg = agg.reindex(sorted(agg.index, key=lambda k: (list(rows["_series"].unique()).index(k[0]), k[1])))
-    fig, (ax,) = _new(1, width=max(6.4, 0.55 * len(agg) + 2))
-    x, bottom = np.arange(len(agg)), np.zeros(len(agg))
+    agg = agg.reindex(sorted(agg.index, key=lambda k: (order.index(k[0]), k[1])))
+    names = [f"{s}  N={int(n)}" for s, n in agg.index]
+    # Horizontal bars: long series names stay readable however many there are.
+    fig, (ax,) = _new(1, width=6 + 0.07 * max(map(len, names)), height=1.6 + 0.32 * len(agg))
+    y, left = np.arange(len(agg))[::-1], np.zeros(len(agg))
     for p in phases:
-        height = 1e3 * agg["step_time_mean_s"].to_numpy() * agg[f"{p}_frac"].to_numpy()
-        ax.bar(x, height, bottom=bottom, color=PHASE_COLORS[p], label=p)
-        bottom += height
-    ax.set_xticks(x, [f"{s}\nN={int(n)}" for s, n in agg.index], rotation=60, ha="right",
-                  fontsize="small")
-    ax.set_ylabel("mean step time (ms), split by share of worker time")
-    ax.legend(title="phase")
-    ax.grid(axis="y", alpha=0.3)
-    ax.set_title(f"Where a step's time goes ({_context(rows)})")
+        width = 1e3 * agg["step_time_mean_s"].to_numpy() * agg[f"{p}_frac"].to_numpy()
+        ax.barh(y, width, left=left, color=PHASE_COLORS[p], label=p)
+        left += width
+    ax.set_yticks(y, names, fontsize="small")
+    ax.set_ylabel("strategy and workers N")
+    ax.set_xlabel("mean step time (ms), split by share of worker time")
+    ax.legend(title="phase", fontsize="small")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(_title("Where a step's time goes", rows))
     return fig
 
 
@@ -204,9 +237,9 @@ def measured_vs_predicted(table: pd.DataFrame) -> Figure:
     ax.plot([lo, hi], [lo, hi], color="gray", ls="--", label="y = x (model exact)")
     ax.set_xlabel("predicted communication per step (ms)")
     ax.set_ylabel("measured communication per step (ms)")
-    ax.legend(fontsize="small")
+    _legend(ax)
     ax.grid(alpha=0.3)
-    ax.set_title(f"Measured vs alpha-beta model ({_context(rows)})")
+    ax.set_title(_title("Measured vs alpha-beta model", rows))
     return fig
 
 
@@ -225,13 +258,13 @@ def straggler_impact(table: pd.DataFrame) -> Figure:
         stds = [agg["std"].get((label, c), 0.0) * 1e3 for c in cats]
         ax.bar(np.arange(len(cats)) + (j - (len(series) - 1) / 2) * width, means, width,
                yerr=stds, capsize=3, label=label)
-    ax.set_xticks(np.arange(len(cats)), [textwrap.fill(str(c).replace(",", ", "), 20) for c in cats],
-                  fontsize="small")
+    wrapped = [textwrap.fill(str(c).replace(",", ", "), 24, break_long_words=False) for c in cats]
+    ax.set_xticks(np.arange(len(cats)), wrapped, fontsize="small")
     ax.set_xlabel("injected straggler delay (--straggler)")
     ax.set_ylabel("mean step time (ms)")
-    ax.legend(fontsize="small")
+    _legend(ax)
     ax.grid(axis="y", alpha=0.3)
-    ax.set_title(f"Straggler impact ({_context(rows)})")
+    ax.set_title(_title("Straggler impact", rows))
     return fig
 
 
@@ -249,12 +282,12 @@ def staleness_histogram(steps_by_label: Mapping[str, pd.DataFrame]) -> Figure:
     top = int(max(v.max() for v in data.values()))
     bins = np.arange(-0.5, top + 1.5)
     fig, (ax,) = _new(1)
-    for label, values in data.items():
+    for color, (label, values) in zip(_colors(len(data)), data.items(), strict=True):
         ax.hist(values, bins=bins, weights=np.full(len(values), 1 / len(values)),
-                histtype="step", linewidth=1.5, label=label)
+                histtype="step", linewidth=1.5, label=label, color=color)
     ax.set_xlabel("staleness (server versions between read and apply)")
     ax.set_ylabel("fraction of applied gradients")
-    ax.legend(fontsize="small")
+    _legend(ax)
     ax.grid(alpha=0.3)
     ax.set_title("Gradient staleness")
     return fig
@@ -266,13 +299,13 @@ def _loss_lines(updates_by_label: Mapping[str, pd.DataFrame], x_of, xlabel: str,
     if not data:
         raise NoData("no updates with a loss")
     fig, (ax,) = _new(1)
-    for label, u in data.items():
-        ax.plot(x_of(u), u["loss"], label=label)
+    for color, (label, u) in zip(_colors(len(data)), data.items(), strict=True):
+        ax.plot(x_of(u), u["loss"], label=label, color=color)
     if all((u["loss"] > 0).all() for u in data.values()):
         ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("training loss (mean over contributors)")
-    ax.legend(fontsize="small")
+    _legend(ax)
     ax.grid(alpha=0.3)
     ax.set_title(title)
     return fig

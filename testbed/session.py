@@ -122,8 +122,16 @@ def finish(folder: RunFolder, cfg: RunConfig, recorder: Any, status: str, params
 def _predictions(cfg: RunConfig, summary: dict[str, Any], steps: Any, extra: dict[str, Any]) -> dict[str, Any]:
     """Cost-model prediction beside the measurement whenever the network is emulated."""
     out: dict[str, Any] = {}
-    if len(steps):
-        out["comm_s_per_step"] = float(steps["comm_s"].mean())
+    if len(steps) and summary.get("step_time_mean_s") is not None:
+        from testbed import registry
+
+        if registry.STRATEGIES[cfg.strategy].synchronous:
+            # critical path: a step's time minus its compute (the slowest worker's, on average)
+            per_iter = (steps.assign(c=steps["compute_s"] + steps["injected_delay_s"])
+                        .groupby("iteration")["c"].max())
+            out["comm_s_per_step"] = max(0.0, summary["step_time_mean_s"] - float(per_iter.mean()))
+        else:
+            out["comm_s_per_step"] = float(steps["comm_s"].mean())
     if not cfg.network.emulated:
         return out
     from testbed import costmodel

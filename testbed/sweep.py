@@ -71,7 +71,8 @@ def config_keys() -> dict[str, str]:
         if f.name in SWEEP_OWNED:
             continue
         if dataclasses.is_dataclass(f.default_factory):
-            keys.update({f"{f.name}.{s.name}": str(s.type) for s in dataclasses.fields(f.default_factory)})
+            sub = dataclasses.fields(f.default_factory)
+            keys.update({f"{f.name}.{s.name}": str(s.type) for s in sub})
         else:
             keys[f.name] = str(f.type)
     return keys
@@ -129,7 +130,8 @@ def load_spec(path: str | os.PathLike) -> Spec:
     grid = _section(data, "grid", p)
     for key, values in grid.items():
         if not isinstance(values, list):
-            raise ConfigError(f"{p}: grid.{key} = {values!r} must be a list; write [{values!r}] or move it to [base]")
+            raise ConfigError(f"{p}: grid.{key} = {values!r} must be a list; "
+                              f"write [{values!r}] or move it to [base]")
         if not values:
             raise ConfigError(f"{p}: grid.{key} is an empty list; give at least one value or remove it")
         grid[key] = [_coerce(key, v, f"{p}: grid.{key}") for v in values]
@@ -205,7 +207,8 @@ def expand(spec: Spec, families: Mapping[str, str], runs_dir: str) -> tuple[list
     return points, skipped
 
 
-def _resolve(spec: Spec, values: dict[str, Any], families: Mapping[str, str], runs_dir: str) -> RunConfig:
+def _resolve(spec: Spec, values: dict[str, Any], families: Mapping[str, str],
+             runs_dir: str) -> RunConfig:
     strategy = values.get("strategy", RunConfig.strategy)
     family = families.get(strategy)
     kept = {k: v for k, v in values.items() if applies(k, strategy, family)}
@@ -359,7 +362,7 @@ def _metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 def _arrow_safe(df: pd.DataFrame) -> pd.DataFrame:
     """JSON-encode object columns that mix types (parquet needs one type per column)."""
-    for col in df.select_dtypes(include="object").columns:
+    for col in [c for c in df.columns if pd.api.types.is_object_dtype(df[c])]:
         kinds = {type(v).__name__ for v in df[col] if v is not None and v == v}
         if len(kinds - {"int", "float"}) > 1 or (kinds & {"int", "float"} and kinds - {"int", "float"}):
             df[col] = [None if v is None or v != v else json.dumps(v, default=str) for v in df[col]]
@@ -442,8 +445,14 @@ def main(argv: list[str] | None = None) -> int:
         sid = hashlib.sha256(json.dumps(s["values"], sort_keys=True).encode()).hexdigest()[:12]
         if sid not in records:
             _append(sweep_dir / "points.jsonl", {"id": sid, "status": "skipped", **s})
-    todo = [p for p in points if records.get(p.point_id, {}).get("status") != "completed"]
+    todo = [p for p in points if not _done(records.get(p.point_id), sweep_dir)]
     return _finish(spec, points, todo, skipped, sweep_dir, families, args.quiet)
+
+
+def _done(record: dict[str, Any] | None, sweep_dir: Path) -> bool:
+    """Completed, and its run folder still has a summary (a deleted folder runs again)."""
+    return bool(record and record.get("status") == "completed" and record.get("run_dir")
+                and (sweep_dir / record["run_dir"] / "summary.json").exists())
 
 
 def _finish(spec: Spec, points: list[Point], todo: list[Point], skipped: list[dict],
@@ -485,7 +494,8 @@ def _figures(sweep_dir: Path) -> None:
         plots.figures_for_sweep(table, sweep_dir / "figures", steps_by_label=run_tables(table, "steps"),
                                 updates_by_label=run_tables(table, "updates"))
     except Exception as exc:  # noqa: BLE001 - the table is written; say why figures are not
-        print(f"testbed.sweep: warning: figures not drawn ({type(exc).__name__}: {exc})", file=sys.stderr)
+        print(f"testbed.sweep: warning: figures not drawn ({type(exc).__name__}: {exc})",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":

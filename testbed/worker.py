@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from testbed.config import RunConfig
+from testbed.emulation import Endpoint
 from testbed.stragglers import StragglerModel, parse_stragglers
 from testbed.workloads import make_workload
 
@@ -44,6 +45,8 @@ class WorkerBase:
         self.stragglers = StragglerModel(parse_stragglers(config.straggler), config.seed)
         self.actor = f"worker{rank}"
         self.events: list[tuple[str, str, float, float]] = []
+        self.endpoint = Endpoint(config.network, self.actor)
+        self.logical_factor = self.workload.logical_bytes / (self.workload.numel * 4)
 
     # ---- plumbing shared by every strategy
     def ping(self) -> int:
@@ -89,7 +92,15 @@ class WorkerBase:
                 "injected_delay_s": delay}
         return grad, info
 
-    def compute_at(self, params: np.ndarray, iteration: int) -> tuple[np.ndarray, dict[str, Any]]:
-        """Load params (e.g. a broadcast), then compute()."""
+    def compute_at(self, params: np.ndarray, iteration: int,
+                   departure: float | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        """Receive params (a broadcast that left at `departure`), compute, send the gradient back.
+
+        Used by mapreduce; info["departure"] stamps the gradient for the receiver's NIC.
+        """
+        k = self.workload.logical_bytes
+        self.endpoint.receive(k, departure)
         self.workload.set_params(params)
-        return self.compute(iteration)
+        grad, info = self.compute(iteration)
+        info["departure"] = self.endpoint.send(k)
+        return grad, info

@@ -33,6 +33,8 @@ from testbed.allreduce.ring import (
     ring_neighbours,
     scatter_reduce_schedule,
 )
+from testbed.emulation import Endpoint
+from testbed.network import sleep_until
 from testbed.remote import RemoteTimeout
 from testbed.worker import WorkerBase
 
@@ -60,13 +62,19 @@ class Mailbox:
 
 
 class ObjectStoreTransport:
-    def __init__(self, right: Any, mailbox: Mailbox, timeout: float) -> None:
+    def __init__(self, right: Any, mailbox: Mailbox, timeout: float, endpoint: Endpoint,
+                 logical_factor: float) -> None:
         self.right, self.mailbox, self.timeout = right, mailbox, timeout
+        self.endpoint, self.factor = endpoint, logical_factor
         self.inflight: list[Any] = []
 
     def exchange(self, tag: Any, send: Any, recv_numel: int) -> np.ndarray:
-        self.inflight.append(self.right.deliver.remote(tag, _to_numpy(send)))
-        return self.mailbox.take(tag, self.timeout)
+        chunk = _to_numpy(send)
+        departure = self.endpoint.send(int(chunk.nbytes * self.factor))
+        self.inflight.append(self.right.deliver.remote(tag, chunk, departure))
+        payload, delivery = self.mailbox.take(tag, self.timeout)
+        sleep_until(delivery)
+        return payload
 
     def settle(self) -> None:
         """Surface failures of this step's sends (and keep the list short)."""
@@ -76,9 +84,11 @@ class ObjectStoreTransport:
 
 
 class TorchTransport:
-    def __init__(self, rank: int, n: int, device: str) -> None:
+    """Point-to-point torch.distributed; under emulation a departure stamp precedes each chunk."""
+
+    def __init__(self, rank: int, n: int, device: str, endpoint: Endpoint, logical_factor: float) -> None:
         self.left, self.right = ring_neighbours(rank, n)
-        self.device = device
+        self.device, self.endpoint, self.factor = device, endpoint, logical_factor
 
     def exchange(self, tag: Any, send: Any, recv_numel: int) -> Any:
         import torch
@@ -86,9 +96,19 @@ class TorchTransport:
 
         out = torch.as_tensor(send).contiguous()
         buf = torch.empty(recv_numel, dtype=out.dtype, device=out.device)
+        nbytes = int(recv_numel * out.element_size() * self.factor)
+        if self.endpoint.emulated:
+            stamp = torch.tensor([self.endpoint.send(int(out.numel() * out.element_size() * self.factor))],
+                                 dtype=torch.float64, device=out.device)
+            theirs = torch.empty_like(stamp)
+            req = dist.isend(stamp, dst=self.right)
+            dist.recv(theirs, src=self.left)
+            req.wait()
         req = dist.isend(out, dst=self.right)
         dist.recv(buf, src=self.left)
         req.wait()
+        if self.endpoint.emulated:
+            self.endpoint.receive(nbytes, float(theirs.item()))
         return buf
 
     def settle(self) -> None:
@@ -145,15 +165,17 @@ class RingPeer(WorkerBase):
 
         elems = max(1, int(config.ring.bucket_mb * 2**20) // 4)
         self.buckets = make_buckets(sizes, elems)
-        self.logical_factor = self.workload.logical_bytes / (self.workload.numel * 4)
 
     # ---- wiring
-    def deliver(self, tag: Any, payload: np.ndarray) -> None:
-        self.mailbox.put(tag, payload)
+    def deliver(self, tag: Any, payload: np.ndarray, departure: float | None = None) -> None:
+        """Called by the left neighbour: file the chunk with its (emulated) delivery time."""
+        delivery = self.endpoint.delivery(int(payload.nbytes * self.logical_factor), departure)
+        self.mailbox.put(tag, (payload, delivery))
 
     def connect_ring(self, peers: list[Any]) -> None:
         _, right = ring_neighbours(self.rank, self.n)
-        self.transport = ObjectStoreTransport(peers[right], self.mailbox, self.config.cluster.timeout_s)
+        self.transport = ObjectStoreTransport(peers[right], self.mailbox, self.config.cluster.timeout_s,
+                                              self.endpoint, self.logical_factor)
 
     def rendezvous(self) -> tuple[str, int]:
         """Address and a free port for torch.distributed's TCP store (called on rank 0)."""
@@ -172,7 +194,7 @@ class RingPeer(WorkerBase):
                                 world_size=self.n, timeout=timedelta(seconds=self.config.cluster.timeout_s))
 
     def connect_torch_transport(self) -> None:
-        self.transport = TorchTransport(self.rank, self.n, self.device)
+        self.transport = TorchTransport(self.rank, self.n, self.device, self.endpoint, self.logical_factor)
 
     def num_buckets(self) -> int:
         return len(self.buckets)

@@ -22,6 +22,7 @@ import numpy as np
 import ray
 
 from testbed import remote
+from testbed.emulation import Endpoint
 from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
 from testbed.worker import WorkerBase
 from testbed.workloads import make_workload
@@ -39,6 +40,7 @@ class MapReduce(Strategy):
                                     device=self.cluster.device)
         self.model = make_workload(cfg.workload, seed=cfg.seed, workers=cfg.workers)
         self.params = self.model.get_params()
+        self.endpoint = Endpoint(cfg.network, "driver")
         remote.get([w.ping.remote() for w in self.workers], cfg.cluster.timeout_s, "worker start-up")
 
     def run(self, recorder: Recorder) -> None:
@@ -47,7 +49,8 @@ class MapReduce(Strategy):
         for step in range(cfg.steps):
             t_issue = time.time()
             ref = ray.put(self.params)
-            pending = {w.compute_at.remote(ref, step): r for r, w in enumerate(self.workers)}
+            pending = {w.compute_at.remote(ref, step, self.endpoint.send(k_logical)): r
+                       for r, w in enumerate(self.workers)}
             arrivals: dict[int, float] = {}
             deadline = time.monotonic() + cfg.cluster.timeout_s
             while len(arrivals) < n:
@@ -59,6 +62,10 @@ class MapReduce(Strategy):
                                                f"within {cfg.cluster.timeout_s:g}s")
                 arrivals[pending[ready[0]]] = time.time()
             results = remote.get(list(pending), cfg.cluster.timeout_s, "mapreduce gradients")
+            if self.endpoint.emulated:  # gradients queue at the driver's ingress, in arrival order
+                for r in sorted(arrivals, key=arrivals.get):
+                    self.endpoint.receive(k_logical, results[r][1]["departure"])
+                    arrivals[r] = time.time()
             t_reduce = time.time()
             grad = np.mean(np.stack([g for g, _ in results]), axis=0, dtype=np.float32)
             self.params = self.params - np.float32(cfg.workload.lr) * grad

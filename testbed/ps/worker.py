@@ -12,16 +12,10 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed.emulation import Endpoint
 from testbed.worker import WorkerBase
 
 
 class PSWorker(WorkerBase):
-    def __init__(self, config: Any, rank: int, device: str = "cpu", cpus: float = 1.0) -> None:
-        super().__init__(config, rank, device, cpus)
-        self.endpoint = Endpoint(config.network, self.actor)
-        self.logical_factor = self.workload.logical_bytes / (self.workload.numel * 4)
-
     def connect(self, shards: list[Any], bounds: list[tuple[int, int]]) -> None:
         self.shards, self.bounds = shards, bounds
 
@@ -37,7 +31,8 @@ class PSWorker(WorkerBase):
         server_wait = max(w for _, _, w, _ in pulled)
         t_pulled = time.time()
         self.span("recv", t0, t_pulled)
-        grad, info = self.compute_at(params, iteration)
+        self.workload.set_params(params)
+        grad, info = self.compute(iteration)
         t_pushing = time.time()
         refs = []
         for shard, (lo, hi), v in zip(self.shards, self.bounds, versions, strict=True):

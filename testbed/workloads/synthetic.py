@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from testbed.config import WorkloadConfig
+from testbed.network import sleep_until
 from testbed.workloads.base import Workload
 
 TENSORS = 8
@@ -97,6 +98,4 @@ class SyntheticWorkload(Workload):
 
 
 def _sleep_until(t: float) -> None:
-    left = t - time.perf_counter()
-    if left > 0:
-        time.sleep(left)
+    sleep_until(t, clock=time.perf_counter)

@@ -10,9 +10,11 @@ from testbed.costmodel import (
     gossip_comm_s,
     halving_doubling_comm_s,
     mapreduce_comm_s,
+    mapreduce_pipelined_comm_s,
     predict,
     ps_async_comm_s,
     ps_sync_comm_s,
+    ps_sync_pipelined_comm_s,
     ring_comm_s,
 )
 
@@ -116,9 +118,9 @@ def test_ps_async_is_a_lower_bound_on_ps_sync():
     [
         ("ring", 0.189),
         ("allreduce-torch", 0.189),
-        ("ps-sync", 2 * (A + 8 * K / (2 * B))),
+        ("ps-sync", 2 * A + (8 + 2 * 2 - 1) * K / (2 * B)),  # pipelined
         ("ps-async", 2 * (A + K / (2 * B))),
-        ("mapreduce", 2 * (A + 8 * K / B)),
+        ("mapreduce", 2 * A + (8 + 1) * K / B),  # pipelined
         ("halving-doubling", 0.181),
         ("gossip", A + 2 * K / B),
     ],
@@ -130,6 +132,26 @@ def test_predict_each_strategy(strategy, expected_comm):
     assert out["predicted_comm_s"] == pytest.approx(expected_comm)
     assert out["predicted_step_s"] == pytest.approx(0.05 + expected_comm)
     assert isinstance(out["formula"], str) and "K" in out["formula"]
+    assert out["predicted_comm_s_no_overlap"] >= out["predicted_comm_s"] - 1e-12
+
+
+def test_no_overlap_bounds_are_the_design_formulas():
+    ps = predict("ps-sync", workers=8, grad_bytes=K, latency=A, bandwidth=B, shards=2)
+    mr = predict("mapreduce", workers=8, grad_bytes=K, latency=A, bandwidth=B)
+    assert ps["predicted_comm_s_no_overlap"] == pytest.approx(2 * (A + 8 * K / (2 * B)))
+    assert mr["predicted_comm_s_no_overlap"] == pytest.approx(2 * (A + 8 * K / B))
+
+
+def test_pipelined_models_agree_with_the_nic_simulation():
+    """Zero-compute PS step on the NIC model: pulls out, pushes back, full duplex."""
+    from testbed.network import LinkSpec, simulate
+
+    n, k = 6, 1e6
+    link = LinkSpec(bandwidth=B, latency=A)
+    pulls = simulate([("ps", f"w{i}", k, 0.0) for i in range(n)], link)
+    pushes = simulate([(f"w{i}", "ps", k, t) for i, t in enumerate(pulls)], link)
+    assert max(pushes) == pytest.approx(mapreduce_pipelined_comm_s(n, k, A, B))
+    assert max(pushes) == pytest.approx(ps_sync_pipelined_comm_s(n, k, A, B, shards=1))
 
 
 def test_predict_covers_every_listed_strategy():

@@ -1,0 +1,168 @@
+"""Sweep spec checks, grid expansion and point ids (no Ray: families are given literally)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from testbed.config import ConfigError
+from testbed.sweep import applies, expand, flat_config, load_spec
+
+FAMILIES = {"mapreduce": "mapreduce", "ring": "allreduce", "allreduce-torch": "allreduce",
+            "ps-sync": "ps", "ps-async": "ps"}
+
+BASE = """
+[base]
+workload = "synthetic"
+steps = 3
+"""
+
+
+def spec(tmp_path, body: str, name: str = "t"):
+    path = tmp_path / f"{name}.toml"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def points(tmp_path, body: str, out: str | None = None):
+    s = load_spec(spec(tmp_path, body))
+    return expand(s, FAMILIES, out or str(tmp_path / "runs"))
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ('colour = "red"\n' + BASE, "'colour'"),
+    (BASE + "workers_count = 2\n", "base.workers_count"),
+    (BASE + '[grid]\n"ps.shard" = [1, 2]\n', "grid.ps.shard"),
+    (BASE + "[grid]\nworkers = []\n", "grid.workers is an empty list"),
+    (BASE + "[grid]\nworkers = 4\n", "grid.workers = 4 must be a list"),
+    ("repeats = 0\n" + BASE, "repeats 0"),
+    ('repeats = "2"\n' + BASE, "repeats '2'"),
+    ("repeats = true\n" + BASE, "repeats True"),
+    (BASE + 'workers = "four"\n', "base.workers = 'four': expected int"),
+    (BASE + '[grid]\n"ring.overlap" = ["yes"]\n', "grid.ring.overlap = 'yes': expected bool"),
+    (BASE + '[grid]\n"ps.shards" = ["none"]\n', "grid.ps.shards = 'none': expected int"),
+    (BASE + 'out = "/tmp"\n', "base.out is set by the sweep"),
+    (BASE + "workers = 2\n[grid]\nworkers = [1, 2]\n", "workers is in both [base] and [grid]"),
+    ('[base]\n"workload.grad_mb" = 1\n[base.workload]\ngrad_mb = 2\n', "workload.grad_mb is given twice"),
+    ('name = "../evil"\n' + BASE, "name '../evil'"),
+    ("base = 3\n", "base must be a table"),
+    ("[base\n", "not valid TOML"),
+])
+def test_bad_spec_names_the_key(tmp_path, body, needle):
+    with pytest.raises(ConfigError) as err:
+        points(tmp_path, body)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("grid", "needle"), [
+    ("workers = [2, 0]", "--workers 0"),
+    ('strategy = ["ring", "gossipy"]', "--strategy 'gossipy'"),
+    ('"workload.grad_mb" = [-1]', "--grad-mb -1.0"),
+    ('straggler = ["fixed:worker=5,delay=1ms"]', "worker"),
+    ('"network.latency" = ["50us"]', "--latency '50us'"),
+])
+def test_every_grid_point_is_validated(tmp_path, grid, needle):
+    with pytest.raises(ConfigError) as err:
+        points(tmp_path, BASE + "workers = 2\n" * ("workers" not in grid) + f"[grid]\n{grid}\n")
+    msg = str(err.value)
+    assert needle in msg and "point {" in msg
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the spec"):
+        load_spec(tmp_path / "nope.toml")
+
+
+def test_grid_is_a_cartesian_product_repeat_major(tmp_path):
+    pts, skipped = points(tmp_path, "repeats = 2\n" + BASE + """
+        [grid]
+        strategy = ["mapreduce", "ring"]
+        workers = [1, 2, 4]
+    """)
+    assert skipped == []
+    assert len(pts) == 12
+    assert [(p.config.strategy, p.config.workers) for p in pts[:6]] == [
+        ("mapreduce", 1), ("mapreduce", 2), ("mapreduce", 4), ("ring", 1), ("ring", 2), ("ring", 4)]
+    assert [p.repeat for p in pts] == [0] * 6 + [1] * 6
+    assert len({p.point_id for p in pts}) == 12
+    cfg = pts[0].config
+    assert cfg.quiet and cfg.out == str(tmp_path / "runs") and cfg.workload.name == "synthetic"
+
+
+def test_name_defaults_to_file_stem(tmp_path):
+    assert load_spec(spec(tmp_path, BASE, name="scaling")).name == "scaling"
+
+
+def test_dotted_keys_tables_and_aliases_are_the_same_point(tmp_path):
+    a, _ = points(tmp_path, '[base]\nworkload = "synthetic"\n"workload.grad_mb" = 2\n')
+    b, _ = points(tmp_path, '[base.workload]\nname = "synthetic"\ngrad_mb = 2.0\n')
+    assert a[0].config == b[0].config
+    assert a[0].point_id == b[0].point_id
+
+
+def test_point_ids_are_deterministic(tmp_path):
+    body = BASE + '[grid]\nstrategy = ["mapreduce", "ring"]\nworkers = [1, 2]\n'
+    first, _ = points(tmp_path, body)
+    again, _ = points(tmp_path, body, out=str(tmp_path / "elsewhere"))
+    assert [p.point_id for p in first] == [p.point_id for p in again]
+    changed, _ = points(tmp_path, body.replace("steps = 3", "steps = 4"))
+    assert not {p.point_id for p in first} & {p.point_id for p in changed}
+
+
+def test_none_maps_to_none(tmp_path):
+    pts, _ = points(tmp_path, BASE + """
+        strategy = "ps-async"
+        workers = 2
+        [grid]
+        "ps.staleness_bound" = ["none", 2]
+        "network.bandwidth" = ["none"]
+    """)
+    assert [p.config.ps.staleness_bound for p in pts] == [None, 2]
+    assert pts[0].config.network.bandwidth is None
+
+
+def test_keys_that_do_not_apply_are_reset_and_duplicates_skipped(tmp_path):
+    pts, skipped = points(tmp_path, BASE + """
+        workers = 4
+        [grid]
+        strategy = ["ps-sync", "ps-async"]
+        "ps.backup_workers" = [0, 1]
+        "ps.staleness_bound" = ["none", 2]
+    """)
+    got = [(p.config.strategy, p.config.ps.backup_workers, p.config.ps.staleness_bound) for p in pts]
+    assert got == [("ps-sync", 0, None), ("ps-sync", 1, None), ("ps-async", 0, None), ("ps-async", 0, 2)]
+    assert len(skipped) == 4
+    assert all("same_as" in s and "values" in s for s in skipped)
+
+
+def test_ring_keys_do_not_split_other_strategies(tmp_path):
+    pts, skipped = points(tmp_path, BASE + """
+        [grid]
+        strategy = ["mapreduce", "ring"]
+        "ring.bucket_mb" = [0.25, 1]
+        "ps.shards" = [1, 2]
+    """)
+    assert [(p.config.strategy, p.config.ring.bucket_mb) for p in pts] == [
+        ("mapreduce", 25.0), ("ring", 0.25), ("ring", 1.0)]
+    assert len(skipped) == 5
+
+
+def test_applies():
+    assert applies("ps.shards", "ps-async", "ps")
+    assert not applies("ps.shards", "ring", "allreduce")
+    assert applies("ps.staleness_bound", "ps-async", "ps")
+    assert not applies("ps.staleness_bound", "ps-sync", "ps")
+    assert applies("ps.backup_workers", "ps-sync", "ps")
+    assert not applies("ring.overlap", "mapreduce", "mapreduce")
+    assert applies("ring.overlap", "allreduce-torch", "allreduce")
+    assert applies("network.bandwidth", "mapreduce", "mapreduce")
+
+
+def test_flat_config_has_every_key(tmp_path):
+    pts, _ = points(tmp_path, BASE)
+    flat = flat_config(pts[0].config)
+    assert flat["workload.name"] == "synthetic" and flat["steps"] == 3
+    assert "out" not in flat and "quiet" not in flat
+    assert {"network.bandwidth", "ps.shards", "ring.bucket_mb", "cluster.timeout_s"} <= set(flat)
