@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +86,22 @@ def local_machine() -> dict[str, float]:
     return {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus), "memory": float(mem) * 0.7}
 
 
+def check_reachable(address: str, timeout: float = 3.0) -> None:
+    """Fail fast (ray.init retries an absent head for minutes): TCP-connect to HOST:PORT."""
+    if address == "auto":
+        return
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"--address {address!r}: use 'auto' or HOST:PORT of a running Ray head")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--address {address!r}: nothing answers there ({exc.strerror or exc}); "
+                          "start a head with 'ray start --head' or drop --address") from None
+
+
 class Cluster:
     """Start (or attach to) Ray, reserve resources for one run's actors, release them."""
 
@@ -100,10 +117,13 @@ class Cluster:
         return self.cfg.address or os.environ.get("RAY_ADDRESS") or None
 
     def precheck_local(self) -> ResourcePlan | None:
-        """Check the embedded cluster's resources before Ray starts (None when attaching)."""
+        """Check resources (embedded) or reachability (--address) before Ray starts."""
         import ray
 
-        if self.address() is not None or ray.is_initialized():
+        if ray.is_initialized():
+            return None
+        if self.address() is not None:
+            check_reachable(self.address())
             return None
         m = local_machine()
         return self._plan(m["CPU"], m["GPU"], m["memory"])

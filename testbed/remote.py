@@ -5,9 +5,17 @@ Every wait on a remote call has a timeout; a hang becomes `RemoteTimeout`, never
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
+
+STARTUP_S = 180.0  # an actor's start-up (process + imports) on a loaded 2-core machine
+
+
+def startup_timeout(timeout: float) -> float:
+    """Start-up and restart waits get at least STARTUP_S: importing torch can take a while."""
+    return max(timeout, STARTUP_S)
 
 
 class RemoteTimeout(RuntimeError):
@@ -26,17 +34,19 @@ def get(refs: Any, timeout: float, what: str) -> Any:
 
 
 def spawn(actor_cls: Any, cluster: Any, count: int, *args: Any, server: bool = False,
-          concurrency: int = 1, **kwargs: Any) -> list[Any]:
+          concurrency: int = 1, max_restarts: int = 0, **kwargs: Any) -> list[Any]:
     """Create `count` actors of a Ray actor class in the run's placement group.
 
     Positional args after `count` go to every constructor; the actor index is passed as the
-    keyword `rank`, its CPU share as `cpus`.
+    keyword `rank`, its CPU share as `cpus`. Failed calls are never retried by Ray: the
+    strategy redoes the work itself, so that nothing is applied twice.
     """
     handles = []
     for i in range(count):
         opts = cluster.options(i, server=server)
         extra = {"cpus": opts["num_cpus"]} if not server else {}
-        handles.append(actor_cls.options(max_concurrency=concurrency, **opts)
+        handles.append(actor_cls.options(max_concurrency=concurrency, max_restarts=max_restarts,
+                                         max_task_retries=0, **opts)
                        .remote(*args, rank=i, **extra, **kwargs))
     return handles
 
@@ -48,3 +58,70 @@ def kill_all(handles: list[Any]) -> None:
         except Exception:  # noqa: BLE001 - already dead is fine
             pass
     handles.clear()
+
+
+ACTOR_ERRORS = (ray.exceptions.RayActorError, RemoteTimeout)
+
+
+class Liveness:
+    """Tracks a group of actors' process ids to tell a restarted actor from a healthy one.
+
+    After a failure, `revive()` pings everyone: an actor that does not answer within the
+    timeout is hung and is killed so that Ray restarts it; one whose pid changed was
+    restarted; one that is dead for good (restarts exhausted) raises RestartsExhausted.
+    """
+
+    def __init__(self, handles: list[Any], timeout: float, what: str) -> None:
+        self.handles, self.timeout, self.what = handles, timeout, what
+        self.pids = get([h.ping.remote() for h in handles], startup_timeout(timeout), f"{what} start-up")
+        self.restarts = [0] * len(handles)
+
+    def revive(self) -> list[int]:
+        """Bring every dead or hung actor back; return the indices that were restarted."""
+        revived = self.find_dead()
+        for i in revived:
+            self.alive(i, self._wait_alive(i))
+        return revived
+
+    def alive(self, i: int, pid: int) -> None:
+        """Actor i answered again after a restart, from process `pid`."""
+        self.pids[i] = pid
+        self.restarts[i] += 1
+
+    def find_dead(self) -> list[int]:
+        """Indices of actors that died (now restarting) or hang (killed here, so Ray restarts them)."""
+        from testbed.faults import RestartsExhausted
+
+        pings = [h.ping.remote() for h in self.handles]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=min(self.timeout, 10.0))
+        revived = []
+        for i, ref in enumerate(pings):
+            if ref not in ready:  # hung: a hang is treated as a death
+                ray.kill(self.handles[i], no_restart=False)
+                revived.append(i)
+                continue
+            try:
+                pid = ray.get(ref)
+            except ray.exceptions.ActorDiedError:
+                raise RestartsExhausted(f"{self.what} {i} died and has no restarts left "
+                                        f"(--max-restarts); the run stops") from None
+            except ray.exceptions.RayActorError:
+                revived.append(i)
+                continue
+            if pid != self.pids[i]:
+                revived.append(i)
+        return revived
+
+    def _wait_alive(self, i: int) -> int:
+        from testbed.faults import RestartsExhausted
+
+        deadline = time.monotonic() + startup_timeout(self.timeout)
+        while time.monotonic() < deadline:
+            try:
+                return ray.get(self.handles[i].ping.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            except ray.exceptions.ActorDiedError:
+                raise RestartsExhausted(f"{self.what} {i} died and has no restarts left "
+                                        f"(--max-restarts); the run stops") from None
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                time.sleep(0.1)
+        raise RemoteTimeout(f"{self.what} {i} did not come back within {self.timeout:g}s after a restart")

@@ -7,14 +7,19 @@ and summary.json says how the run ended.
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from testbed.config import ConfigError, RunConfig
+from testbed.faults import RestartsExhausted, ServerLost
 from testbed.results import RunFolder, chrome_trace, new_run_id
 
 
@@ -58,34 +63,47 @@ def execute(cfg: RunConfig, *, run_id: str | None = None) -> Outcome:
     status, code, error, params, extra = "completed", 0, None, None, {}
     t_start = time.time()
     previous = signal.getsignal(signal.SIGTERM)
-    if previous in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    main_thread = threading.current_thread() is threading.main_thread()
     try:
         with cluster:
-            with cls(cfg, cluster, run_id=run_id) as strategy:
+            if main_thread:  # after ray.init, which installs a SIGTERM handler of its own
+                signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+            with cls(cfg, cluster, run_id=run_id, workdir=str(folder.path)) as strategy:
                 strategy.run(recorder)
                 params = strategy.parameters()
                 extra = strategy.summary_extra()
     except ConfigError as exc:
         status, code, error = "failed", 2, str(exc)
     except KeyboardInterrupt:
+        if main_thread:
+            signal.signal(signal.SIGINT, _exit_now)  # a second Ctrl-C leaves at once
         status, code, error = "interrupted", 130, "interrupted; measurements so far are saved"
+    except (RestartsExhausted, ServerLost) as exc:
+        status, code, error = "failed", 3, str(exc)
     except Exception as exc:  # noqa: BLE001 - the run fails, the records stay
         status, code = "failed", 1
         error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         (folder.path / "error.txt").write_text(traceback.format_exc())
     finally:
-        if previous in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
         if bar is not None:
             bar.close()
-    summary = finish(folder, cfg, recorder, status, params, {**recorder.extra, **extra},
-                     time.time() - t_start)
+    try:
+        summary = finish(folder, cfg, recorder, status, params, {**recorder.extra, **extra},
+                         time.time() - t_start)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     return Outcome(code, folder.path, summary, error)
 
 
 def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
+
+
+def _exit_now(signum: int, frame: Any) -> None:
+    os._exit(130)
 
 
 def servers_for(cfg: RunConfig) -> int:
@@ -108,7 +126,7 @@ def finish(folder: RunFolder, cfg: RunConfig, recorder: Any, status: str, params
     summary["run_id"] = folder.path.name
     summary["elapsed_s"] = elapsed_s
     summary["workload"] = cfg.workload.name
-    summary.update(_predictions(cfg, summary, steps, extra))
+    summary.update(_predictions(cfg, summary, steps, updates, extra))
     summary.update(extra)
     folder.write_summary(summary)
     if params is not None:
@@ -119,17 +137,27 @@ def finish(folder: RunFolder, cfg: RunConfig, recorder: Any, status: str, params
     return summary
 
 
-def _predictions(cfg: RunConfig, summary: dict[str, Any], steps: Any, extra: dict[str, Any]) -> dict[str, Any]:
+def critical_comm_s(steps: Any, updates: Any) -> float:
+    """Median step interval minus the median of each step's slowest compute (sync strategies).
+
+    What is not the slowest worker's compute is communication (and coordination) on the
+    critical path. Medians keep the first, warm-up step from dominating short runs.
+    """
+    t = np.sort(updates["t_applied"].to_numpy(dtype=float))
+    intervals = np.diff(np.concatenate([[float(steps["t_start"].min())], t]))
+    slowest = (steps["compute_s"] + steps["injected_delay_s"]).groupby(steps["iteration"]).max()
+    return max(0.0, float(np.median(intervals)) - float(slowest.median()))
+
+
+def _predictions(cfg: RunConfig, summary: dict[str, Any], steps: Any, updates: Any,
+                 extra: dict[str, Any]) -> dict[str, Any]:
     """Cost-model prediction beside the measurement whenever the network is emulated."""
     out: dict[str, Any] = {}
     if len(steps) and summary.get("step_time_mean_s") is not None:
         from testbed import registry
 
         if registry.STRATEGIES[cfg.strategy].synchronous:
-            # critical path: a step's time minus its compute (the slowest worker's, on average)
-            per_iter = (steps.assign(c=steps["compute_s"] + steps["injected_delay_s"])
-                        .groupby("iteration")["c"].max())
-            out["comm_s_per_step"] = max(0.0, summary["step_time_mean_s"] - float(per_iter.mean()))
+            out["comm_s_per_step"] = critical_comm_s(steps, updates)
         else:
             out["comm_s_per_step"] = float(steps["comm_s"].mean())
     if not cfg.network.emulated:

@@ -116,6 +116,21 @@ class Recorder:
         with self._lock:
             self.events.extend({"actor": a, "phase": p, "t0": t0, "t1": t1} for a, p, t0, t1 in rows)
 
+    def fault(self, kind: str, actor: str, iteration: int, t0: float, t1: float, **detail: Any) -> None:
+        """Record a fault and its recovery (kept in the summary's `faults` list and the timeline)."""
+        with self._lock:
+            self.extra.setdefault("faults", []).append(
+                {"kind": kind, "actor": actor, "iteration": iteration, "t0": t0, "time_lost_s": t1 - t0,
+                 **detail})
+        self.event(actor, "fault", t0, t1)
+
+    def rollback(self, version: int) -> None:
+        """Updates after `version` were undone (a PS rollback): keep them aside, not in the table."""
+        with self._lock:
+            undone = [u for u in self.updates if u["version"] > version]
+            self.updates = [u for u in self.updates if u["version"] <= version]
+            self.extra.setdefault("rolled_back_updates", []).extend(undone)
+
     def _maybe_flush(self) -> None:
         if self._sink is not None and time.monotonic() - self._last_flush >= self._flush_every_s:
             self.flush()
@@ -139,10 +154,12 @@ class Strategy(ABC):
     family: ClassVar[str]
     synchronous: ClassVar[bool] = True
 
-    def __init__(self, config: RunConfig, cluster: Any, run_id: str = "run") -> None:
+    def __init__(self, config: RunConfig, cluster: Any, run_id: str = "run",
+                 workdir: str | None = None) -> None:
         self.config = config
         self.cluster = cluster
         self.run_id = run_id
+        self.workdir = workdir  # the run folder: checkpoints and other files of this run
 
     @abstractmethod
     def setup(self) -> None:

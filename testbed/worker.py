@@ -14,6 +14,7 @@ import numpy as np
 
 from testbed.config import RunConfig
 from testbed.emulation import Endpoint
+from testbed.faults import FaultPlan, parse_faults, poison
 from testbed.stragglers import StragglerModel, parse_stragglers
 from testbed.workloads import make_workload
 
@@ -32,6 +33,20 @@ def limit_threads(cpus: float) -> None:
     torch.set_num_threads(n)
 
 
+def _restarted() -> bool:
+    """True in an actor that Ray restarted after a death (its faults must not fire again)."""
+    import warnings
+
+    try:
+        import ray
+
+        with warnings.catch_warnings():  # Ray's own property trips its deprecation warning
+            warnings.simplefilter("ignore")
+            return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # noqa: BLE001 - outside an actor
+        return False
+
+
 class WorkerBase:
     """One data-parallel replica. Times compute, injects straggler delay, keeps its events."""
 
@@ -46,10 +61,15 @@ class WorkerBase:
         self.actor = f"worker{rank}"
         self.events: list[tuple[str, str, float, float]] = []
         self.endpoint = Endpoint(config.network, self.actor)
+        self.hung = False
+        self.faults = FaultPlan(parse_faults(config.faults.fail), "worker", rank, restarted=_restarted())
         self.logical_factor = self.workload.logical_bytes / (self.workload.numel * 4)
 
     # ---- plumbing shared by every strategy
     def ping(self) -> int:
+        """Process id; a hung worker (injected `hang`) answers nothing at all."""
+        while self.hung:
+            time.sleep(1.0)
         return os.getpid()
 
     def get_params(self) -> np.ndarray:
@@ -81,10 +101,24 @@ class WorkerBase:
             self.span("wait", t0, time.time())
         return delay
 
+    def inject(self, iteration: int) -> str | None:
+        """Fire this iteration's injected fault: kill or hang here; 'nan' is returned to poison."""
+        kind = self.faults.due(iteration)
+        if kind == "kill":
+            os._exit(1)  # a process death, as a crash or `kill PID` would cause
+        if kind == "hang":
+            self.hung = True  # every method, ping included, stops answering
+            while True:
+                time.sleep(1.0)
+        return kind
+
     def compute(self, iteration: int) -> tuple[np.ndarray, dict[str, Any]]:
         """Gradient of this worker's batch at its current parameters, with timings."""
+        fault = self.inject(iteration)
         t0 = time.time()
         grad, loss, samples = self.workload.gradient(self.workload.batch(self.rank, iteration))
+        if fault == "nan":
+            poison(grad)
         t1 = time.time()
         self.span("compute", t0, t1)
         delay = self.straggle(iteration, t1 - t0)

@@ -9,6 +9,11 @@ gradients of K bytes, so its NIC moves 2NK and the step costs 2(a + N K / B) at 
 the alpha-beta model — the bottleneck grows linearly with N. Gradients are averaged (not
 summed), so the result equals single-process SGD on the concatenated global batch.
 
+Faults: a worker that dies or hangs (--timeout) is restarted by Ray (--max-restarts) and the
+step is redone from the same parameters and batches, so the result equals the no-fault run. A
+non-finite gradient is never applied: it is left out of the average (--on-nan skip) or stops
+the run (--on-nan stop).
+
 Timing per worker iteration, measured by the driver with arrival times from ray.wait:
 comm = (arrival - issue) - compute - injected delay (parameter fetch + gradient return),
 wait = last arrival - own arrival (the barrier) + the driver's reduce/apply time.
@@ -17,12 +22,14 @@ wait = last arrival - own arrival (the barrier) + the driver's reduce/apply time
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import ray
 
 from testbed import remote
 from testbed.emulation import Endpoint
+from testbed.faults import NonFiniteGradient, is_finite
 from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
 from testbed.worker import WorkerBase
 from testbed.workloads import make_workload
@@ -36,59 +43,86 @@ class MapReduce(Strategy):
 
     def setup(self) -> None:
         cfg = self.config
-        self.workers = remote.spawn(MapWorker, self.cluster, cfg.workers, cfg,
-                                    device=self.cluster.device)
+        self.workers = remote.spawn(MapWorker, self.cluster, cfg.workers, cfg, device=self.cluster.device,
+                                    max_restarts=cfg.faults.max_restarts, concurrency=2)
         self.model = make_workload(cfg.workload, seed=cfg.seed, workers=cfg.workers)
         self.params = self.model.get_params()
         self.endpoint = Endpoint(cfg.network, "driver")
-        remote.get([w.ping.remote() for w in self.workers], cfg.cluster.timeout_s, "worker start-up")
+        self.liveness = remote.Liveness(self.workers, cfg.cluster.timeout_s, "worker")
 
     def run(self, recorder: Recorder) -> None:
         cfg, n = self.config, self.config.workers
-        k_logical = self.model.logical_bytes
+        self.k = self.model.logical_bytes
         for step in range(cfg.steps):
-            t_issue = time.time()
-            ref = ray.put(self.params)
-            pending = {w.compute_at.remote(ref, step, self.endpoint.send(k_logical)): r
-                       for r, w in enumerate(self.workers)}
-            arrivals: dict[int, float] = {}
-            deadline = time.monotonic() + cfg.cluster.timeout_s
-            while len(arrivals) < n:
-                ready, _ = ray.wait([p for p in pending if pending[p] not in arrivals],
-                                    num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-                if not ready:
-                    raise remote.RemoteTimeout(f"mapreduce step {step}: workers "
-                                               f"{sorted(set(range(n)) - set(arrivals))} did not answer "
-                                               f"within {cfg.cluster.timeout_s:g}s")
-                arrivals[pending[ready[0]]] = time.time()
-            results = remote.get(list(pending), cfg.cluster.timeout_s, "mapreduce gradients")
-            if self.endpoint.emulated:  # gradients queue at the driver's ingress, in arrival order
-                for r in sorted(arrivals, key=arrivals.get):
-                    self.endpoint.receive(k_logical, results[r][1]["departure"])
-                    arrivals[r] = time.time()
-            t_reduce = time.time()
-            grad = np.mean(np.stack([g for g, _ in results]), axis=0, dtype=np.float32)
-            self.params = self.params - np.float32(cfg.workload.lr) * grad
-            t_applied = time.time()
-            recorder.event("driver", "reduce", t_reduce, t_applied)
-            last = max(arrivals.values())
-            losses = []
-            for r, (_, info) in enumerate(results):
-                rtt = arrivals[r] - t_issue
-                comm = max(0.0, rtt - info["compute_s"] - info["injected_delay_s"])
-                losses.append(info["loss"])
-                recorder.step(StepRecord(
-                    run_id=self.run_id, strategy=self.name, worker=r, iteration=step,
-                    version_read=step, version_applied=step, t_start=t_issue,
-                    compute_s=info["compute_s"], comm_s=comm,
-                    wait_s=(last - arrivals[r]) + (t_applied - t_reduce),
-                    bytes_sent=k_logical, bytes_recv=k_logical, samples=info["samples"],
-                    loss=info["loss"], staleness=0, injected_delay_s=info["injected_delay_s"]))
-            recorder.update(UpdateRecord(version=step + 1, t_applied=t_applied, contributors=n,
-                                         dropped=0, loss=float(np.mean(losses))))
+            while True:
+                t_issue = time.time()
+                try:
+                    results, arrivals = self._map(step)
+                    break
+                except remote.ACTOR_ERRORS as exc:  # a worker died or hung: revive, redo the step
+                    for r in self.liveness.revive():
+                        recorder.fault("worker-restart", f"worker{r}", step, t_issue, time.time(),
+                                       cause=type(exc).__name__)
+            self._reduce(recorder, step, t_issue, results, arrivals)
         recorder.events_from([e for w in self.workers
                               for e in remote.get(w.drain_events.remote(), cfg.cluster.timeout_s, "events")])
-        recorder.extra.update(driver_bytes_per_step=2 * n * k_logical, grad_bytes_logical=k_logical)
+        recorder.extra.update(driver_bytes_per_step=2 * n * self.k, grad_bytes_logical=self.k)
+
+    def _map(self, step: int) -> tuple[list[Any], dict[int, float]]:
+        """Broadcast params once, collect every gradient with its arrival time at the driver."""
+        cfg, n = self.config, self.config.workers
+        ref = ray.put(self.params)
+        pending = {w.compute_at.remote(ref, step, self.endpoint.send(self.k)): r
+                   for r, w in enumerate(self.workers)}
+        arrivals: dict[int, float] = {}
+        deadline = time.monotonic() + cfg.cluster.timeout_s
+        while len(arrivals) < n:
+            ready, _ = ray.wait([p for p in pending if pending[p] not in arrivals],
+                                num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise remote.RemoteTimeout(f"mapreduce step {step}: workers "
+                                           f"{sorted(set(range(n)) - set(arrivals))} did not answer "
+                                           f"within {cfg.cluster.timeout_s:g}s")
+            arrivals[pending[ready[0]]] = time.time()
+        results = remote.get(list(pending), cfg.cluster.timeout_s, "mapreduce gradients")
+        if self.endpoint.emulated:  # gradients queue at the driver's ingress, in arrival order
+            for r in sorted(arrivals, key=arrivals.get):
+                self.endpoint.receive(self.k, results[r][1]["departure"])
+                arrivals[r] = time.time()
+        return results, arrivals
+
+    def _reduce(self, recorder: Recorder, step: int, t_issue: float, results: list[Any],
+                arrivals: dict[int, float]) -> None:
+        """Average the finite gradients, apply, record (a NaN gradient is never applied)."""
+        cfg = self.config
+        t_reduce = time.time()
+        finite = [is_finite(g) for g, _ in results]
+        if not all(finite) and cfg.faults.on_nan == "stop":
+            raise NonFiniteGradient(f"mapreduce step {step}: workers {[r for r, ok in enumerate(finite) if not ok]} "
+                                    "sent a non-finite gradient (--on-nan stop)")
+        used = [g for (g, _), ok in zip(results, finite, strict=True) if ok]
+        if used:
+            grad = np.mean(np.stack(used), axis=0, dtype=np.float32)
+            self.params = self.params - np.float32(cfg.workload.lr) * grad
+        t_applied = time.time()
+        recorder.event("driver", "reduce", t_reduce, t_applied)
+        last = max(arrivals.values())
+        for r, (_, info) in enumerate(results):
+            if not finite[r]:
+                recorder.fault("nan-skipped", f"worker{r}", step, t_reduce, t_reduce)
+            recorder.step(StepRecord(
+                run_id=self.run_id, strategy=self.name, worker=r, iteration=step,
+                version_read=step, version_applied=step if finite[r] else -1, t_start=t_issue,
+                compute_s=info["compute_s"],
+                comm_s=max(0.0, arrivals[r] - t_issue - info["compute_s"] - info["injected_delay_s"]),
+                wait_s=(last - arrivals[r]) + (t_applied - t_reduce),
+                bytes_sent=self.k, bytes_recv=self.k, samples=info["samples"],
+                loss=info["loss"], staleness=0 if finite[r] else -1,
+                injected_delay_s=info["injected_delay_s"]))
+        losses = [info["loss"] for (_, info), ok in zip(results, finite, strict=True) if ok]
+        recorder.update(UpdateRecord(version=step + 1, t_applied=t_applied, contributors=len(used),
+                                     dropped=len(results) - len(used),
+                                     loss=float(np.mean(losses)) if losses else float("nan")))
 
     def parameters(self) -> dict[str, np.ndarray]:
         return self.model.unflatten(self.params)

@@ -16,6 +16,7 @@ flat range chunk_bounds(numel, S)[s]. Records of shard 0 stand for the model upd
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -23,8 +24,9 @@ import ray
 
 from testbed import remote
 from testbed.allreduce.ring import chunk_bounds
+from testbed.faults import NonFiniteGradient, RestartsExhausted, ServerLost
+from testbed.ps.schedule import Schedule
 from testbed.ps.server import ShardActor
-from testbed.ps.ssp import ssp_may_start
 from testbed.ps.worker import PSWorker
 from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
 from testbed.workloads.base import unflatten
@@ -40,65 +42,152 @@ class ParameterServer(Strategy):
     def setup(self) -> None:
         cfg, t = self.config, self.config.cluster.timeout_s
         n, s = cfg.workers, cfg.ps.shards
-        self.workers = remote.spawn(RemotePSWorker, self.cluster, n, cfg, device="cpu")
-        remote.get([w.ping.remote() for w in self.workers], t, "worker start-up")
+        self.workers = remote.spawn(RemotePSWorker, self.cluster, n, cfg, device="cpu",
+                                    max_restarts=cfg.faults.max_restarts, concurrency=2)
+        self.worker_live = remote.Liveness(self.workers, t, "worker")
         params = remote.get(self.workers[0].get_params.remote(), t, "initial parameters")
         self.layout = remote.get(self.workers[0].layout.remote(), t, "layout")
         self.grad_bytes = remote.get(self.workers[0].logical_bytes.remote(), t, "sizes")
         factor = self.grad_bytes / (params.size * 4)
         self.bounds = chunk_bounds(params.size, s)
+        ckpt = str(Path(self.workdir) / "checkpoints") if self.workdir else None
+        if ckpt and cfg.faults.checkpoint_every:
+            Path(ckpt).mkdir(parents=True, exist_ok=True)
         self.shards = [
-            RemoteShard.options(max_concurrency=2 * n + 4, **self.cluster.options(i, server=True)).remote(
-                params[lo:hi], cfg.network, i, factor, lr=cfg.workload.lr, sync=self.sync, workers=n,
-                backup=cfg.ps.backup_workers, max_updates=cfg.steps)
+            RemoteShard.options(max_concurrency=2 * n + 4, max_restarts=cfg.faults.max_restarts,
+                                max_task_retries=0, **self.cluster.options(i, server=True)).remote(
+                params[lo:hi], cfg.network, i, factor, checkpoint_dir=ckpt,
+                checkpoint_every=cfg.faults.checkpoint_every, fail=cfg.faults.fail, lr=cfg.workload.lr,
+                sync=self.sync, workers=n, backup=cfg.ps.backup_workers, max_updates=cfg.steps,
+                skip_nan=cfg.faults.on_nan == "skip")
             for i, (lo, hi) in enumerate(self.bounds)
         ]
+        self.shard_live = remote.Liveness(self.shards, t, "PS shard")
         remote.get([w.connect.remote(self.shards, self.bounds) for w in self.workers], t, "PS wiring")
 
     def run(self, recorder: Recorder) -> None:
-        cfg, n = self.config, self.config.workers
-        bound = cfg.ps.staleness_bound
-        completed, next_iter = [0] * n, [0] * n
-        min_version = [0] * n
-        held_since: dict[int, float] = {}
-        held_s = [0.0] * n
-        inflight: dict[Any, int] = {}
-        updates = 0
+        cfg = self.config
+        self.sched = Schedule(cfg.workers, cfg.steps, sync=self.sync, bound=cfg.ps.staleness_bound)
+        self.inflight: dict[Any, tuple[int, int, float]] = {}  # ref -> (worker, epoch, submitted)
+        self.epoch = 0
+        self.reviving: dict[Any, int] = {}  # ping ref -> worker being restarted
+        self.revive_info: dict[int, tuple[float, str]] = {}
         self.t_run = time.time()
         self._pending_updates: dict[int, dict[str, Any]] = {}
         self._next_version = 1
         while True:
-            if updates < cfg.steps:
-                for w in range(n):
-                    if w in inflight.values() or min_version[w] >= cfg.steps:
-                        continue  # busy, or (sync) its next pull would wait for a version never made
-                    if ssp_may_start(next_iter[w], completed, bound):
-                        if w in held_since:
-                            held_s[w] = time.time() - held_since.pop(w)
-                        ref = self.workers[w].iteration.remote(next_iter[w], min_version[w])
-                        inflight[ref] = w
-                    else:
-                        held_since.setdefault(w, time.time())
-            if not inflight:
+            if self._next_version - 1 + len(self._pending_updates) < cfg.steps:
+                busy = {v[0] for v in self.inflight.values()} | set(self.reviving.values())
+                for w in self.sched.startable(busy):
+                    ref = self.workers[w].iteration.remote(self.sched.next_iter[w], self.sched.min_version[w],
+                                                           self.epoch)
+                    self.inflight[ref] = (w, self.epoch, time.time())
+            if not self.inflight and not self.reviving:
                 break
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=cfg.cluster.timeout_s)
+            ready, _ = ray.wait([*self.inflight, *self.reviving], num_returns=1,
+                                timeout=remote.startup_timeout(cfg.cluster.timeout_s) if not self.inflight
+                                else cfg.cluster.timeout_s)
             if not ready:
-                raise remote.RemoteTimeout(f"{self.name}: no worker finished an iteration within "
-                                           f"{cfg.cluster.timeout_s:g}s (workers {sorted(inflight.values())})")
-            w = inflight.pop(ready[0])
-            info = remote.get(ready[0], cfg.cluster.timeout_s, f"worker {w} iteration")
-            updates += self._record(recorder, w, next_iter[w], info, held_s[w])
-            held_s[w] = 0.0
-            completed[w] += 1
-            next_iter[w] += 1
-            if self.sync:
-                min_version[w] = info["versions"][0] + 1
+                self._recover(recorder, "RemoteTimeout")
+                continue
+            if ready[0] in self.reviving:
+                self._revived(recorder, ready[0])
+                continue
+            w, epoch, t_submit = self.inflight.pop(ready[0])
+            try:
+                info = ray.get(ready[0], timeout=cfg.cluster.timeout_s)
+            except (*remote.ACTOR_ERRORS, ray.exceptions.RayTaskError) as exc:
+                self._fail_or_recover(recorder, exc, w, t_submit)
+                continue
+            if info.get("reset") or epoch != self.epoch:
+                continue  # begun before a rollback: void, the worker starts again
+            held = self.sched.finished(w, info["versions"][0])
+            self._record(recorder, w, self.sched.next_iter[w] - 1, info, held)
         recorder.events_from([e for h in self.workers
                               for e in remote.get(h.drain_events.remote(), cfg.cluster.timeout_s, "events")])
+
+    def _fail_or_recover(self, recorder: Recorder, exc: BaseException, w: int, t_submit: float) -> None:
+        """Recover from deaths and hangs (of a worker, or of a shard it was talking to); any
+        other error in a worker is a bug or a --on-nan stop, and ends the run."""
+        # (a RayTaskError raised by a call *inside* the worker also subclasses its cause's type)
+        if isinstance(exc, ray.exceptions.RayActorError) and not isinstance(exc, ray.exceptions.RayTaskError):
+            self._revive_worker(w, t_submit, type(exc).__name__)  # lost from the failed call on
+            self._fill_updates(recorder)
+            return
+        cause = getattr(exc, "cause", None) or exc
+        if isinstance(cause, FloatingPointError):
+            raise NonFiniteGradient(str(cause).splitlines()[0]) from None
+        if not isinstance(cause, (*remote.ACTOR_ERRORS, ray.exceptions.GetTimeoutError, TimeoutError)):
+            raise exc
+        self._recover(recorder, type(cause).__name__)
+
+    def _recover(self, recorder: Recorder, cause: str) -> None:
+        """Something hangs or a shard died: revive shards (rolling all back), then workers."""
+        t0 = time.time()
+        revived = self.shard_live.revive()
+        if revived:
+            self._rollback(recorder, revived, cause, t0)
+        for r in self.worker_live.find_dead():
+            self._revive_worker(r, t0, cause)
+        self._fill_updates(recorder)
+
+    def _revive_worker(self, r: int, t0: float, cause: str) -> None:
+        """Wait for worker r's restart in the main loop, so that the others go on meanwhile."""
+        if r not in self.reviving.values():
+            self.reviving[self.workers[r].ping.remote()] = r
+            self.revive_info[r] = (t0, cause)
+
+    def _fill_updates(self, recorder: Recorder) -> None:
+        """A worker that died after its push took the update's ack with it: read the shard's log."""
+        for u in remote.get(self.shards[0].updates_since.remote(self._next_version - 1),
+                            self.config.cluster.timeout_s, "update log"):
+            self._pending_updates.setdefault(u["version"], u)
+        self._emit_updates(recorder)
+
+    def _revived(self, recorder: Recorder, ref: Any) -> None:
+        """A restarted worker answered: re-wire it to the shards; it is idle again."""
+        r = self.reviving.pop(ref)
+        t = self.config.cluster.timeout_s
+        try:
+            pid = ray.get(ref, timeout=t)
+        except ray.exceptions.ActorDiedError:
+            raise RestartsExhausted(f"worker {r} died and has no restarts left (--max-restarts); "
+                                    "the run stops") from None
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            self.reviving[self.workers[r].ping.remote()] = r  # still restarting
+            return
+        self.worker_live.alive(r, pid)
+        remote.get(self.workers[r].connect.remote(self.shards, self.bounds), t, "PS re-wiring")
+        t0, cause = self.revive_info.pop(r)
+        recorder.fault("worker-restart", f"worker{r}", self.sched.next_iter[r], t0, time.time(), cause=cause)
+
+    def _rollback(self, recorder: Recorder, revived: list[int], cause: str, t0: float) -> None:
+        t = self.config.cluster.timeout_s
+        health = remote.get([self.shards[i].health.remote() for i in revived], t, "shard health")
+        if any(h["lost"] for h in health):
+            raise ServerLost(f"PS shard {revived[0]} died and has no checkpoint to resume from; "
+                             "use --checkpoint-every K to survive shard deaths")
+        held = remote.get([s.checkpoint_versions.remote() for s in self.shards], t, "checkpoints")
+        common = set(held[0]).intersection(*map(set, held[1:]))
+        if not common:
+            raise ServerLost("PS shards hold no common checkpoint version; the run stops")
+        version = max(common)
+        self.epoch += 1
+        remote.get([s.restore.remote(version, self.epoch) for s in self.shards], t, "shard rollback")
+        redone = self._next_version - 1 + len(self._pending_updates) - version
+        recorder.rollback(version)
+        self._pending_updates = {}
+        self._next_version = version + 1
+        self.sched.rollback(version)
+        for i in revived:
+            recorder.fault("server-restart", f"ps{i}", version, t0, time.time(), cause=cause,
+                           resumed_from_version=version, updates_redone=redone)
 
     def _record(self, recorder: Recorder, w: int, iteration: int, info: dict[str, Any], held: float) -> int:
         acks = info["acks"]
         applied = all(a["status"] == "applied" for a in acks)
+        if any(a["status"] == "nan" for a in acks):
+            recorder.fault("nan-skipped", f"worker{w}", iteration, info["t_end"], info["t_end"])
         staleness = max(a["staleness"] for a in acks) if applied else -1
         recorder.step(StepRecord(
             run_id=self.run_id, strategy=self.name, worker=w, iteration=iteration,
@@ -113,10 +202,13 @@ class ParameterServer(Strategy):
             return 0
         # acks reach the driver in completion order; updates are recorded in version order
         self._pending_updates[update["version"]] = update
+        self._emit_updates(recorder)
+        return 1
+
+    def _emit_updates(self, recorder: Recorder) -> None:
         while self._next_version in self._pending_updates:
             recorder.update(UpdateRecord(**self._pending_updates.pop(self._next_version)))
             self._next_version += 1
-        return 1
 
     def summary_extra(self) -> dict[str, Any]:
         stats = remote.get([s.stats.remote() for s in self.shards], self.config.cluster.timeout_s, "server stats")

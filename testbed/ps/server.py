@@ -19,8 +19,10 @@ S shards), all through its one NIC — the reason a single PS stops scaling.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +33,7 @@ from testbed.emulation import Endpoint
 
 class ShardState:
     def __init__(self, params: np.ndarray, *, lr: float, sync: bool, workers: int,
-                 backup: int = 0, max_updates: int | None = None) -> None:
+                 backup: int = 0, max_updates: int | None = None, skip_nan: bool = True) -> None:
         self.params = np.array(params, dtype=np.float32, copy=True)
         self.lr = np.float32(lr)
         self.sync, self.workers = sync, workers
@@ -40,33 +42,53 @@ class ShardState:
         self.version = 0
         self.pending: list[tuple[np.ndarray, float]] = []  # sync: gradients for self.version
         self.seen: set[tuple[int, int]] = set()
-        self.updates: list[dict[str, Any]] = []  # one per applied version
+        self.updates: list[dict[str, Any]] = []  # one per applied version (append-only log)
         self.busy_s = 0.0
+        self.epoch = 0  # bumped by a rollback: work begun before it is refused
+        self.skip_nan = skip_nan
         self.cv = threading.Condition()
 
     @property
     def finished(self) -> bool:
         return self.max_updates is not None and self.version >= self.max_updates
 
-    def pull(self, min_version: int, timeout: float) -> tuple[np.ndarray, int, float]:
-        """Return (params copy, version, seconds waited for min_version)."""
+    def pull(self, min_version: int, timeout: float, epoch: int = 0) -> tuple[np.ndarray, int, float]:
+        """Return (params copy, version, seconds waited for min_version).
+
+        A rollback (new epoch) wakes the waiting pull; it then returns at once.
+        """
         t0 = time.perf_counter()
         with self.cv:
-            if not self.cv.wait_for(lambda: self.version >= min_version or self.finished, timeout):
+            ok = self.cv.wait_for(
+                lambda: self.version >= min_version or self.finished or self.epoch != epoch, timeout)
+            if not ok:
                 raise TimeoutError(f"parameter server: version {min_version} not reached within "
                                    f"{timeout:g}s (now {self.version}); a worker may be dead or hung")
             return self.params.copy(), self.version, time.perf_counter() - t0
 
     def push(self, grad: np.ndarray, version_read: int, worker: int, iteration: int,
-             loss: float) -> dict[str, Any]:
-        """Offer a gradient; return what happened to it (applied / dropped / duplicate / late)."""
+             loss: float, epoch: int = 0) -> dict[str, Any]:
+        """Offer a gradient; return what happened to it.
+
+        status: applied / dropped (late, backup workers) / nan (non-finite, never applied) /
+        duplicate (retried) / finished / stale-epoch (computed before a rollback).
+        """
         with self.cv:
+            if epoch != self.epoch:
+                return {"status": "stale-epoch", "version_applied": -1, "staleness": -1}
             key = (worker, iteration)
             if key in self.seen:
                 return {"status": "duplicate", "version_applied": -1, "staleness": -1}
             self.seen.add(key)
             if self.finished:
                 return {"status": "finished", "version_applied": -1, "staleness": -1}
+            if not np.isfinite(grad).all():
+                if not self.skip_nan:
+                    raise FloatingPointError(f"worker {worker} iteration {iteration}: non-finite "
+                                             "gradient (--on-nan stop)")
+                if not self.sync:
+                    return {"status": "nan", "version_applied": -1, "staleness": -1}
+                grad = None  # counts towards the quorum, never towards the average
             if self.sync:
                 return self._push_sync(grad, version_read, loss)
             t0 = time.perf_counter()
@@ -79,20 +101,24 @@ class ShardState:
     def _push_sync(self, grad: np.ndarray, version_read: int, loss: float) -> dict[str, Any]:
         if version_read != self.version:  # a backup worker's late gradient for a past version
             return {"status": "dropped", "version_applied": -1, "staleness": -1}
-        self.pending.append((np.asarray(grad, dtype=np.float32), loss))
+        self.pending.append((None if grad is None else np.asarray(grad, dtype=np.float32), loss))
         at = self.version
+        status = "applied" if grad is not None else "nan"
+        ack = {"status": status, "version_applied": at if grad is not None else -1,
+               "staleness": 0 if grad is not None else -1}
         if len(self.pending) >= self.quorum:
             t0 = time.perf_counter()
-            total = np.zeros_like(self.params)
-            for g, _ in self.pending:
-                total += g
-            self.params -= self.lr * (total / np.float32(len(self.pending)))
-            losses = [x for _, x in self.pending]
+            used = [(g, x) for g, x in self.pending if g is not None]
+            if used:  # all non-finite: the version passes with the parameters unchanged
+                total = np.zeros_like(self.params)
+                for g, _ in used:
+                    total += g
+                self.params -= self.lr * (total / np.float32(len(used)))
             self.pending = []
-            self._applied(contributors=len(losses), dropped=self.workers - len(losses),
-                          loss=float(np.mean(losses)), t0=t0)
-            return {"status": "applied", "version_applied": at, "staleness": 0, "update": self.updates[-1]}
-        return {"status": "applied", "version_applied": at, "staleness": 0}
+            self._applied(contributors=len(used), dropped=self.workers - len(used),
+                          loss=float(np.mean([x for _, x in used])) if used else float("nan"), t0=t0)
+            ack["update"] = self.updates[-1]
+        return ack
 
     def _applied(self, *, contributors: int, dropped: int, loss: float, t0: float) -> None:
         self.version += 1
@@ -101,31 +127,98 @@ class ShardState:
                              "contributors": contributors, "dropped": dropped, "loss": loss})
         self.cv.notify_all()
 
-    def take_updates(self) -> list[dict[str, Any]]:
+    def updates_since(self, version: int) -> list[dict[str, Any]]:
+        """Update records after `version` (the driver fills gaps left by a lost ack)."""
         with self.cv:
-            out, self.updates = self.updates, []
-            return out
+            return [u for u in self.updates if u["version"] > version]
+
+    # ---- checkpoints: plain npz (no pickle), written atomically
+    def save(self, path: Path) -> None:
+        with self.cv:
+            seen = np.array(sorted(self.seen), dtype=np.int64).reshape(-1, 2)
+            params, version = self.params.copy(), self.version
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as fh:
+            np.savez(fh, params=params, version=np.int64(version), seen=seen)
+        os.replace(tmp, path)
+
+    def load(self, path: Path, epoch: int | None = None) -> None:
+        """Restore a checkpoint; a new epoch (all shards get the driver's) voids work in flight."""
+        with np.load(path, allow_pickle=False) as ck, self.cv:
+            self.params = ck["params"].astype(np.float32)
+            self.version = int(ck["version"])
+            self.seen = {(int(w), int(i)) for w, i in ck["seen"]}
+            self.updates = [u for u in self.updates if u["version"] <= self.version]
+            self.pending = []
+            self.epoch = self.epoch + 1 if epoch is None else epoch
+            self.cv.notify_all()
 
 
 class ShardActor:
-    """Ray shell around ShardState: the shard's NIC (emulated or counted) and its events."""
+    """Ray shell around ShardState: the shard's NIC, its checkpoints and its injected faults.
+
+    Checkpoints (`--checkpoint-every k`): after every k-th version the shard writes
+    ckpt-s{rank}-v{version}.npz into the run's folder. A shard that Ray restarts after a death
+    loads its newest checkpoint; the driver then rolls every shard back to the newest version
+    all of them hold (`restore`), and training resumes from there. Without a checkpoint a
+    restarted shard reports itself `lost` and the run stops.
+    """
 
     def __init__(self, params: np.ndarray, net: NetworkConfig, rank: int, logical_factor: float,
+                 checkpoint_dir: str | None = None, checkpoint_every: int = 0, fail: str = "none",
                  **state: Any) -> None:
+        from testbed.faults import FaultPlan, parse_faults
+        from testbed.worker import _restarted
+
         self.state = ShardState(params, **state)
+        self.rank = rank
         self.endpoint = Endpoint(net, f"ps{rank}")
         self.logical_bytes = int(params.size * 4 * logical_factor)
         self.t_created = time.time()
+        self.dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.every = checkpoint_every
+        restarted = _restarted()
+        self.faults = FaultPlan(parse_faults(fail), "server", rank, restarted)
+        self.lost = False
+        if restarted:
+            versions = self.checkpoint_versions()
+            if versions:
+                self.state.load(self._path(versions[-1]))
+            else:
+                self.lost = True
 
-    def pull(self, min_version: int, timeout: float) -> tuple[np.ndarray, int, float, float | None]:
-        params, version, waited = self.state.pull(min_version, timeout)
+    def _path(self, version: int) -> Path:
+        assert self.dir is not None
+        return self.dir / f"ckpt-s{self.rank}-v{version}.npz"
+
+    def checkpoint_versions(self) -> list[int]:
+        if self.dir is None or not self.dir.is_dir():
+            return []
+        return sorted(int(p.stem.rsplit("-v", 1)[1]) for p in self.dir.glob(f"ckpt-s{self.rank}-v*.npz"))
+
+    def restore(self, version: int, epoch: int) -> int:
+        """Roll back to the checkpoint of `version` under the driver's new epoch."""
+        self.state.load(self._path(version), epoch)
+        self.lost = False
+        return self.state.version
+
+    def health(self) -> dict[str, Any]:
+        return {"lost": self.lost, "version": self.state.version, "epoch": self.state.epoch}
+
+    def pull(self, min_version: int, timeout: float, epoch: int = 0) -> tuple[Any, ...]:
+        params, version, waited = self.state.pull(min_version, timeout, epoch)
         departure = self.endpoint.send(self.logical_bytes)
-        return params, version, waited, departure
+        return params, version, waited, departure, self.state.epoch
 
     def push(self, grad: np.ndarray, version_read: int, worker: int, iteration: int, loss: float,
-             departure: float | None) -> dict[str, Any]:
+             departure: float | None, epoch: int = 0) -> dict[str, Any]:
         self.endpoint.receive(self.logical_bytes, departure)
-        return self.state.push(grad, version_read, worker, iteration, loss)
+        if self.faults.due(self.state.version) == "kill":
+            os._exit(1)  # injected shard death, about to apply this version
+        ack = self.state.push(grad, version_read, worker, iteration, loss, epoch)
+        if self.every and "update" in ack and ack["update"]["version"] % self.every == 0:
+            self.state.save(self._path(ack["update"]["version"]))
+        return ack
 
     def version(self) -> int:
         return self.state.version
@@ -134,8 +227,11 @@ class ShardActor:
         with self.state.cv:
             return self.state.params.copy()
 
-    def take_updates(self) -> list[dict[str, Any]]:
-        return self.state.take_updates()
+    def updates_since(self, version: int) -> list[dict[str, Any]]:
+        return self.state.updates_since(version)
+
+    def ping(self) -> int:
+        return os.getpid()
 
     def stats(self) -> dict[str, Any]:
         return {"busy_s": self.state.busy_s, "bytes_in": self.endpoint.bytes_in,

@@ -19,16 +19,21 @@ class PSWorker(WorkerBase):
     def connect(self, shards: list[Any], bounds: list[tuple[int, int]]) -> None:
         self.shards, self.bounds = shards, bounds
 
-    def iteration(self, iteration: int, min_version: int) -> dict[str, Any]:
-        """Pull (blocking until min_version), compute, push; return timings and the shards' acks."""
+    def iteration(self, iteration: int, min_version: int, epoch: int = 0) -> dict[str, Any]:
+        """Pull (blocking until min_version), compute, push; return timings and the shards' acks.
+
+        Returns {"reset": True} without computing when a shard rolled back meanwhile.
+        """
         timeout = self.config.cluster.timeout_s
         t0 = time.time()
-        pulled = ray.get([s.pull.remote(min_version, timeout) for s in self.shards], timeout=timeout)
-        for (lo, hi), (_, _, _, departure) in zip(self.bounds, pulled, strict=True):
-            self.endpoint.receive(int((hi - lo) * 4 * self.logical_factor), departure)
-        params = np.concatenate([p for p, _, _, _ in pulled]) if len(pulled) > 1 else pulled[0][0]
-        versions = [v for _, v, _, _ in pulled]
-        server_wait = max(w for _, _, w, _ in pulled)
+        pulled = ray.get([s.pull.remote(min_version, timeout, epoch) for s in self.shards], timeout=timeout)
+        if any(p[4] != epoch for p in pulled):
+            return {"reset": True}
+        for (lo, hi), p in zip(self.bounds, pulled, strict=True):
+            self.endpoint.receive(int((hi - lo) * 4 * self.logical_factor), p[3])
+        params = np.concatenate([p[0] for p in pulled]) if len(pulled) > 1 else pulled[0][0]
+        versions = [p[1] for p in pulled]
+        server_wait = max(p[2] for p in pulled)
         t_pulled = time.time()
         self.span("recv", t0, t_pulled)
         self.workload.set_params(params)
@@ -37,7 +42,7 @@ class PSWorker(WorkerBase):
         refs = []
         for shard, (lo, hi), v in zip(self.shards, self.bounds, versions, strict=True):
             departure = self.endpoint.send(int((hi - lo) * 4 * self.logical_factor))
-            refs.append(shard.push.remote(grad[lo:hi], v, self.rank, iteration, info["loss"], departure))
+            refs.append(shard.push.remote(grad[lo:hi], v, self.rank, iteration, info["loss"], departure, epoch))
         acks = ray.get(refs, timeout=timeout)
         t_done = time.time()
         self.span("send", t_pushing, t_done)

@@ -21,13 +21,13 @@ def make_config(**changes: Any) -> RunConfig:
     return validate(with_overrides(base, **changes), registry.families())
 
 
-def run_strategy(cfg: RunConfig, *, keep: bool = False) -> dict[str, Any]:
+def run_strategy(cfg: RunConfig, *, workdir: str | None = None) -> dict[str, Any]:
     """Run cfg's strategy; return flat params, records as DataFrames, summary extras."""
     cls = registry.STRATEGIES[cfg.strategy]
     rec = Recorder()
     cluster = Cluster(cfg.cluster, workers=cfg.workers, servers=servers_for(cfg),
                       torch_workers=cfg.workload.name != "synthetic")
-    with cluster, cls(cfg, cluster) as strategy:
+    with cluster, cls(cfg, cluster, workdir=workdir) as strategy:
         strategy.run(rec)
         params = strategy.parameters()
         extra = strategy.summary_extra()

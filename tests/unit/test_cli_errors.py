@@ -51,6 +51,10 @@ BAD = [
      ["--workers", "8", "--straggler", "fixed:worker=99,delay=200ms"],
      "'fixed:worker=99,delay=200ms'"),
     ("unknown-flag", ["--no-such-flag", "1"], "--no-such-flag"),
+    ("address-unreachable", ["--address", "127.0.0.1:1", "--strategy", "mapreduce"], "'127.0.0.1:1'"),
+    ("workers-beyond-memory", ["--workers", "4000", "--strategy", "mapreduce"], "--workers 4000"),
+    ("fail-unknown-worker", ["--fail", "worker=9,at=1", "--workers", "2"], "worker=9"),
+    ("checkpoint-on-ring", ["--checkpoint-every", "5", "--strategy", "ring"], "--checkpoint-every 5"),
 ]
 
 

@@ -1,0 +1,129 @@
+"""Faults: deaths, hangs, NaN gradients and interrupts never hang a run or lose its records."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from testbed.reference import reference_sgd
+from tests.ray.helpers import make_config, run_strategy
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+FAST = {"cluster.timeout_s": 10.0}
+
+
+def _kinds(out):
+    return [f["kind"] for f in out["extra"].get("faults", [])]
+
+
+@pytest.mark.parametrize("strategy", ["mapreduce", "ps-sync"])
+def test_killed_worker_is_restarted_and_result_equals_no_fault_run(strategy):
+    cfg = make_config(strategy=strategy, workers=3, steps=6, **FAST, **{"faults.fail": "worker=1,at=2"})
+    out = run_strategy(cfg)
+    assert _kinds(out) == ["worker-restart"]
+    assert out["extra"]["faults"][0]["iteration"] == 2
+    np.testing.assert_allclose(out["flat"], reference_sgd(cfg), rtol=1e-4, atol=1e-5)
+    assert len(out["updates"]) == cfg.steps
+
+
+def test_async_keeps_applying_while_a_worker_restarts():
+    cfg = make_config(strategy="ps-async", workers=3, steps=150, **FAST,
+                      **{"faults.fail": "worker=0,at=2", "workload.name": "synthetic",
+                         "workload.grad_mb": 0.01, "workload.compute_ms": 50.0})
+    out = run_strategy(cfg)
+    assert _kinds(out) == ["worker-restart"]
+    assert list(out["updates"]["version"]) == list(range(1, 151))
+    fault = out["extra"]["faults"][0]
+    assert fault["time_lost_s"] > 0
+    # while worker 0 was down (its iteration 2 failed and was redone), the others' gradients
+    # kept being applied
+    mine = out["steps"][out["steps"]["worker"] == 0].set_index("iteration")
+    down, up = mine.loc[1, "t_start"] + mine.loc[1, "compute_s"], mine.loc[2, "t_start"]
+    upd = out["updates"]["t_applied"]
+    assert up - down > 0.5
+    assert ((upd > down) & (upd < up)).sum() >= 0.5 * (up - down) / 0.05
+
+
+def test_hang_is_detected_within_the_timeout():
+    cfg = make_config(strategy="mapreduce", workers=2, steps=4, **{"cluster.timeout_s": 4.0,
+                                                                   "faults.fail": "hang:worker=1,at=1"})
+    t0 = time.monotonic()
+    out = run_strategy(cfg)
+    (fault,) = out["extra"]["faults"]
+    assert fault["kind"] == "worker-restart" and fault["cause"] == "RemoteTimeout"
+    assert time.monotonic() - t0 < 120
+    np.testing.assert_allclose(out["flat"], reference_sgd(cfg), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["mapreduce", "ps-sync", "ps-async"])
+def test_nan_gradient_is_never_applied(strategy):
+    cfg = make_config(strategy=strategy, workers=2, steps=4, **{"faults.fail": "nan:worker=1,at=1"})
+    out = run_strategy(cfg)
+    assert "nan-skipped" in _kinds(out)
+    assert np.isfinite(out["flat"]).all()
+    row = out["steps"][(out["steps"]["worker"] == 1) & (out["steps"]["iteration"] == 1)]
+    assert (row["version_applied"] == -1).all()
+    if strategy != "ps-async":
+        assert out["updates"]["contributors"].tolist()[1] == 1
+
+
+def test_shard_death_resumes_from_checkpoint(tmp_path):
+    cfg = make_config(strategy="ps-sync", workers=2, steps=8, **FAST,
+                      **{"faults.fail": "server=0,at=5", "faults.checkpoint_every": 2})
+    out = run_strategy(cfg, workdir=str(tmp_path))
+    (fault,) = [f for f in out["extra"]["faults"] if f["kind"] == "server-restart"]
+    assert fault["resumed_from_version"] == 4 and fault["updates_redone"] >= 0
+    assert list(out["updates"]["version"]) == list(range(1, 9))
+    np.testing.assert_allclose(out["flat"], reference_sgd(cfg), rtol=1e-4, atol=1e-5)
+
+
+def _cli(args, cwd, **kw):
+    return subprocess.run([sys.executable, "-m", "testbed.run", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300, **kw)
+
+
+def test_shard_death_without_checkpoint_stops_cleanly_and_keeps_records(tmp_path):
+    proc = _cli(["--strategy", "ps-sync", "--workers", "2", "--steps", "8", "--fail", "server=0,at=3",
+                 "--timeout", "10", "--out", str(tmp_path), "--quiet"], tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert "no checkpoint" in proc.stderr and "Traceback" not in proc.stderr
+    folder = Path(proc.stdout.strip().splitlines()[-1])
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert len(pd.read_parquet(folder / "steps.parquet")) >= 2 * 3
+
+
+def test_restarts_exhausted_exit_3(tmp_path):
+    proc = _cli(["--strategy", "mapreduce", "--workers", "2", "--steps", "5", "--fail", "worker=0,at=2",
+                 "--max-restarts", "0", "--timeout", "10", "--out", str(tmp_path), "--quiet"], tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("testbed.run: error:") and "--max-restarts" in last
+    assert "Traceback" not in proc.stderr
+    folder = Path(proc.stdout.strip().splitlines()[-1])
+    assert json.loads((folder / "summary.json").read_text())["status"] == "failed"
+    assert len(pd.read_parquet(folder / "updates.parquet")) == 2
+
+
+def test_sigint_keeps_measurements(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.run", "--strategy", "mapreduce", "--workers", "2",
+                             "--steps", "100000", "--workload", "synthetic", "--compute-ms", "5",
+                             "--grad-mb", "0.01", "--out", str(tmp_path), "--quiet"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not list(tmp_path.glob("*/steps.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    folder = Path(out.strip().splitlines()[-1])
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] > 0
+    assert len(pd.read_parquet(folder / "steps.parquet")) >= 2 * summary["steps"]

@@ -1,0 +1,65 @@
+"""Resource planning before any actor exists: shares, GPUs, and shortfalls as ConfigError."""
+
+import pytest
+
+from testbed.cluster import ACTOR_MEMORY_TORCH, RAY_GRANULARITY, plan_resources
+from testbed.config import ConfigError
+
+GIB = 2**30
+
+
+def plan(**kw):
+    base = dict(workers=8, servers=0, total_cpus=2, total_gpus=0, total_memory=16 * GIB, device="auto",
+                cpus_per_worker=None, torch_workers=True)
+    return plan_resources(**{**base, **kw})
+
+
+def test_fractional_share_lets_8_workers_fit_on_2_cores():
+    p = plan()
+    assert p.cpus_per_worker == pytest.approx(0.25) and p.device == "cpu" and p.gpus_per_worker == 0
+
+
+def test_servers_share_the_cpus_too():
+    p = plan(workers=3, servers=1)
+    assert p.cpus_per_worker == pytest.approx(0.5) and p.cpus_per_server == pytest.approx(0.5)
+
+
+def test_share_is_rounded_down_to_ray_granularity():
+    p = plan(workers=3)
+    assert p.cpus_per_worker <= 2 / 3 and abs(p.cpus_per_worker / RAY_GRANULARITY - round(p.cpus_per_worker / RAY_GRANULARITY)) < 1e-6
+
+
+def test_cuda_without_gpu_is_an_error():
+    with pytest.raises(ConfigError, match="--device 'cuda'"):
+        plan(device="cuda")
+
+
+def test_gpus_are_shared_fractionally():
+    p = plan(workers=4, total_gpus=1)
+    assert p.device == "cuda" and p.gpus_per_worker == pytest.approx(0.25)
+
+
+def test_too_many_workers_for_memory_is_an_error_naming_the_count():
+    with pytest.raises(ConfigError, match="--workers 100000") as exc:
+        plan(workers=100000)
+    assert "at most" in str(exc.value)
+    fit = int(16 * GIB // ACTOR_MEMORY_TORCH)
+    assert f"use at most {fit} workers" in str(exc.value)
+
+
+def test_explicit_cpu_share_beyond_the_cluster_is_an_error():
+    with pytest.raises(ConfigError, match="--cpus-per-worker 1"):
+        plan(workers=4, cpus_per_worker=1.0)
+
+
+def test_unreachable_address_fails_fast():
+    import time
+
+    from testbed.cluster import check_reachable
+
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match="--address '127.0.0.1:1'"):
+        check_reachable("127.0.0.1:1")
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        check_reachable("nonsense")
+    assert time.monotonic() - t0 < 10
