@@ -2,10 +2,12 @@
 
 Every figure is a `matplotlib.figure.Figure` on its own Agg canvas (no global state, nothing is
 shown); `save(fig, stem)` writes stem.png and stem.svg atomically. Table figures use the rows
-of a sweep table (`testbed.sweep.load_table`) whose status is "completed" and average repeats
+of a sweep table (`testbed.results.load_table`) whose status is "completed" and average repeats
 (error bars: one standard deviation). A series is a strategy plus the config keys that vary
 among that strategy's rows, so keys that do not apply to a strategy never split its series.
 A function raises `NoData` when the table lacks what it needs; `figures_for_sweep` skips it.
+The per-run figures (staleness histogram, loss vs updates / time) live in `testbed.runplots`
+and are importable from here too.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from matplotlib.lines import Line2D
 
 from testbed.config import RunConfig
 
+RUN_FIGURES = ("staleness_histogram", "loss_vs_updates", "loss_vs_time")  # in testbed.runplots
 PHASE_COLORS = {"compute": "#4c72b0", "comm": "#dd8452", "wait": "#8c8c8c"}
 # Repeat-like keys: rows differing only in these are averaged, not split into series.
 NOT_SERIES = ("strategy", "seed", "out", "quiet")
@@ -32,6 +35,15 @@ NOT_SERIES = ("strategy", "seed", "out", "quiet")
 
 class NoData(ValueError):
     """The table lacks the columns or rows a figure needs."""
+
+
+def __getattr__(name: str):
+    # The per-run figures import this module's helpers, so they are re-exported lazily.
+    if name in RUN_FIGURES:
+        from testbed import runplots
+
+        return getattr(runplots, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _config_keys() -> list[str]:
@@ -268,65 +280,12 @@ def straggler_impact(table: pd.DataFrame) -> Figure:
     return fig
 
 
-# ---------------------------------------------------------------- per-run figures
-
-
-def staleness_histogram(steps_by_label: Mapping[str, pd.DataFrame]) -> Figure:
-    """Distribution of staleness over applied gradients (steps.parquet), one line per label."""
-    data = {label: s.loc[s["version_applied"] >= 0, "staleness"].to_numpy(float)
-            for label, s in steps_by_label.items()
-            if {"staleness", "version_applied"} <= set(s.columns)}
-    data = {k: v for k, v in data.items() if len(v)}
-    if not data:
-        raise NoData("no applied gradients with a staleness")
-    top = int(max(v.max() for v in data.values()))
-    bins = np.arange(-0.5, top + 1.5)
-    fig, (ax,) = _new(1)
-    for color, (label, values) in zip(_colors(len(data)), data.items(), strict=True):
-        ax.hist(values, bins=bins, weights=np.full(len(values), 1 / len(values)),
-                histtype="step", linewidth=1.5, label=label, color=color)
-    ax.set_xlabel("staleness (server versions between read and apply)")
-    ax.set_ylabel("fraction of applied gradients")
-    _legend(ax)
-    ax.grid(alpha=0.3)
-    ax.set_title("Gradient staleness")
-    return fig
-
-
-def _loss_lines(updates_by_label: Mapping[str, pd.DataFrame], x_of, xlabel: str, title: str) -> Figure:
-    data = {k: u.sort_values("version") for k, u in updates_by_label.items()
-            if {"version", "t_applied", "loss"} <= set(u.columns) and len(u.dropna(subset=["loss"]))}
-    if not data:
-        raise NoData("no updates with a loss")
-    fig, (ax,) = _new(1)
-    for color, (label, u) in zip(_colors(len(data)), data.items(), strict=True):
-        ax.plot(x_of(u), u["loss"], label=label, color=color)
-    if all((u["loss"] > 0).all() for u in data.values()):
-        ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("training loss (mean over contributors)")
-    _legend(ax)
-    ax.grid(alpha=0.3)
-    ax.set_title(title)
-    return fig
-
-
-def loss_vs_updates(updates_by_label: Mapping[str, pd.DataFrame]) -> Figure:
-    """Loss after each model update (updates.parquet), one line per label."""
-    return _loss_lines(updates_by_label, lambda u: u["version"], "model updates applied",
-                       "Loss vs model updates")
-
-
-def loss_vs_time(updates_by_label: Mapping[str, pd.DataFrame]) -> Figure:
-    """Loss against wall time since the first update (time-to-loss), one line per label."""
-    return _loss_lines(updates_by_label, lambda u: u["t_applied"] - u["t_applied"].min(),
-                       "wall time since first update (s)", "Loss vs time (time-to-loss)")
-
-
 def figures_for_sweep(table: pd.DataFrame, out_dir: str | os.PathLike,
                       steps_by_label: Mapping[str, pd.DataFrame] | None = None,
                       updates_by_label: Mapping[str, pd.DataFrame] | None = None) -> list[Path]:
     """Draw and save every figure the data supports; return the PNG paths."""
+    from testbed.runplots import loss_vs_time, loss_vs_updates, staleness_histogram
+
     steps, updates = steps_by_label or {}, updates_by_label or {}
     stale = any((s.get("staleness", pd.Series(dtype=float)) > 0).any() for s in steps.values())
     makers = [("throughput_vs_workers", lambda: throughput_vs_workers(table)),

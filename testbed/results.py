@@ -9,6 +9,9 @@
       params.npz       final parameters, flat float arrays keyed by parameter name
       timeline.json    optional Chrome trace (opens in Perfetto)
 
+    results/sweeps/<name>/runs.parquet   one row per run of a sweep (write_sweep_table,
+                                         load_table; run_tables reads its runs' tables)
+
 Each file is written to a temporary name in the same folder and renamed into place, so a crash
 mid-write leaves the previous complete version, never a torn file. No pickle anywhere.
 """
@@ -33,6 +36,9 @@ from testbed.strategy import EVENT_COLUMNS, STEP_COLUMNS, UPDATE_COLUMNS, Record
 
 SCHEMA_VERSION = 1
 TABLES = {"steps": STEP_COLUMNS, "updates": UPDATE_COLUMNS, "events": EVENT_COLUMNS}
+# Summary keys that repeat a sweep table's config column, or would be ambiguous beside one.
+SUMMARY_RENAMES = {"steps": "steps_applied", "status": "run_status"}
+SUMMARY_DROPPED = ("strategy", "workers", "workload", "schema_version")
 
 
 def new_run_id(strategy: str, workers: int) -> str:
@@ -182,3 +188,68 @@ def _actor_order(name: str) -> tuple[str, int]:
     head = name.rstrip("0123456789")
     tail = name[len(head):]
     return head, int(tail) if tail else -1
+
+
+# ---------------------------------------------------------------- sweep tables
+
+
+def summary_columns(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """summary.json -> runs.parquet columns: renamed where they would clash, dicts/lists as JSON."""
+    out = {}
+    for key, value in summary.items():
+        if key in SUMMARY_DROPPED:
+            continue
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value, sort_keys=True)  # keep it, as text, in a scalar column
+        out[SUMMARY_RENAMES.get(key, key)] = value
+    return out
+
+
+def arrow_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """JSON-encode object columns that mix types (parquet needs one type per column)."""
+    for col in [c for c in df.columns if pd.api.types.is_object_dtype(df[c])]:
+        kinds = {type(v).__name__ for v in df[col] if v is not None and v == v}
+        if len(kinds - {"int", "float"}) > 1 or (kinds & {"int", "float"} and kinds - {"int", "float"}):
+            df[col] = [None if v is None or v != v else json.dumps(v, default=str) for v in df[col]]
+    return df
+
+
+def write_sweep_table(df: pd.DataFrame, path: Path, sweep: Mapping[str, Any]) -> None:
+    """Write a sweep's runs.parquet atomically; SWEEP ({name, grid, repeats}) goes in its metadata."""
+    meta = {b"testbed_schema_version": str(SCHEMA_VERSION).encode(),
+            b"testbed_sweep": json.dumps(dict(sweep)).encode()}
+
+    def w(tmp: Path) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pandas(df, preserve_index=False)
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
+        pq.write_table(table, tmp)
+
+    _atomic_write(path, w)
+
+
+def load_table(sweep_dir: str | os.PathLike) -> pd.DataFrame:
+    """Read a sweep's runs.parquet; run_dir becomes absolute; df.attrs["sweep"] has the grid."""
+    import pyarrow.parquet as pq
+
+    path = Path(sweep_dir)
+    path = path if path.suffix == ".parquet" else path / "runs.parquet"
+    table = pq.read_table(path)
+    df = table.to_pandas()
+    if "run_dir" in df.columns:
+        df["run_dir"] = [None if pd.isna(d) else str(path.parent / d) for d in df["run_dir"]]
+    meta = (table.schema.metadata or {}).get(b"testbed_sweep")
+    df.attrs["sweep"] = json.loads(meta) if meta else {}
+    return df
+
+
+def run_tables(table: pd.DataFrame, kind: str, *, repeat: int = 0) -> dict[str, pd.DataFrame]:
+    """{series label: steps or updates table} for the completed runs of one repeat."""
+    from testbed.plots import series_labels
+
+    rows = table[(table["status"] == "completed") & (table["repeat"] == repeat)]
+    labels = series_labels(rows, exclude=())
+    return {labels[i]: pd.read_parquet(Path(rows.at[i, "run_dir"]) / f"{kind}.parquet")
+            for i in rows.index if (Path(rows.at[i, "run_dir"]) / f"{kind}.parquet").exists()}

@@ -110,6 +110,32 @@ def test_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert table["cluster.timeout_s"].tolist() == [0.001, 60.0]
 
 
+def test_update_baseline_measures_afresh_and_refuses_failed_runs(tmp_path, capsys):
+    from testbed import registry
+    from testbed.sweepspec import expand, load_spec
+
+    spec = tmp_path / "broken.toml"
+    spec.write_text(SPEC.replace('name = "tiny"', 'name = "broken"')
+                    .replace('["mapreduce", "ring"]', '["mapreduce"]')
+                    .replace("[1, 2]", "[1]") + '"cluster.timeout_s" = [60, 0.001]\n')
+    sweep_dir = tmp_path / "broken"
+    points, _ = expand(load_spec(spec), registry.families(), str(sweep_dir / "runs"))
+    old = sweep_dir / "runs" / f"{points[0].point_id}-0"  # as if completed by an earlier sweep
+    old.mkdir(parents=True)
+    (old / "summary.json").write_text("{}")
+    (sweep_dir / "points.jsonl").write_text(json.dumps(
+        {"id": points[0].point_id, "status": "completed", "run_dir": f"runs/{old.name}"}) + "\n")
+    target = tmp_path / "baseline.json"
+    argv = [str(spec), "--out", str(tmp_path), "--quiet", "--update-baseline", "--baseline", str(target)]
+    assert main(argv) == 1
+    assert not target.exists()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"testbed.sweep: error: baseline {target} not written")
+    table = load_table(sweep_dir)
+    assert list(table["status"]) == ["completed", "failed"]
+    assert table["run_dir"].iloc[0].endswith("-1")  # the completed point ran again, not reused
+
+
 @pytest.mark.parametrize(("grid", "needle"), [
     ("workers = [0]", "workers"),
     ("workers = []", "grid.workers"),

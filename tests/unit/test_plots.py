@@ -127,3 +127,13 @@ def test_figures_for_sweep_draws_what_the_data_supports(tmp_path):
     names = {p.stem for p in plots.figures_for_sweep(few, tmp_path / "few")}
     assert names == {"step_breakdown"}
     assert plots.figures_for_sweep(pd.DataFrame(), tmp_path / "none") == []
+
+
+def test_per_run_figures_live_in_runplots_and_stay_importable_from_plots():
+    from testbed import runplots
+    from testbed.plots import loss_vs_time, loss_vs_updates, staleness_histogram
+
+    assert staleness_histogram is runplots.staleness_histogram
+    assert (loss_vs_updates, loss_vs_time) == (runplots.loss_vs_updates, runplots.loss_vs_time)
+    with pytest.raises(AttributeError):
+        _ = plots.no_such_figure

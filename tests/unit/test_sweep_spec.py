@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from testbed.config import ConfigError
-from testbed.sweep import applies, expand, flat_config, load_spec
+from testbed.sweepspec import applies, expand, flat_config, load_spec, spec_dict
 
 FAMILIES = {"mapreduce": "mapreduce", "ring": "allreduce", "allreduce-torch": "allreduce",
             "ps-sync": "ps", "ps-async": "ps"}
@@ -166,3 +166,15 @@ def test_flat_config_has_every_key(tmp_path):
     assert flat["workload.name"] == "synthetic" and flat["steps"] == 3
     assert "out" not in flat and "quiet" not in flat
     assert {"network.bandwidth", "ps.shards", "ring.bucket_mb", "cluster.timeout_s"} <= set(flat)
+
+
+def test_spec_dict_is_what_the_spec_asks_for(tmp_path):
+    s = load_spec(spec(tmp_path, 'name = "x"\nrepeats = 2\n' + BASE + '[grid]\nworkers = [1, 2]\n'))
+    assert spec_dict(s) == {"name": "x", "repeats": 2, "base": {"workload.name": "synthetic", "steps": 3},
+                            "grid": {"workers": [1, 2]}}
+
+
+def test_sweep_module_still_exports_the_spec_functions():
+    from testbed import sweep, sweepspec
+
+    assert sweep.load_spec is sweepspec.load_spec and sweep.expand is sweepspec.expand

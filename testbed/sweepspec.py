@@ -1,0 +1,203 @@
+"""Sweep specs: read a TOML spec, check every key and value, expand the grid into points.
+
+Pure (no Ray): `load_spec` reads and checks the file; `expand` turns its grid into validated
+RunConfigs, one Point per combination x repeat, repeat-major. The spec format is described in
+`testbed/sweep.py`. Every problem is a one-line ConfigError naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from testbed.config import ConfigError, RunConfig, validate, with_overrides
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib
+
+SPEC_KEYS = ("name", "repeats", "base", "grid")
+SWEEP_OWNED = ("out", "quiet")  # the sweep sets these for every point
+
+
+def config_keys() -> dict[str, str]:
+    """Every settable spec key (dotted for sub-configs) -> its type annotation."""
+    keys: dict[str, str] = {}
+    for f in dataclasses.fields(RunConfig):
+        if f.name in SWEEP_OWNED:
+            continue
+        if dataclasses.is_dataclass(f.default_factory):
+            sub = dataclasses.fields(f.default_factory)
+            keys.update({f"{f.name}.{s.name}": str(s.type) for s in sub})
+        else:
+            keys[f.name] = str(f.type)
+    return keys
+
+
+def applies(key: str, strategy: str, family: str | None) -> bool:
+    """Whether a family-specific key means anything for this strategy."""
+    if key.startswith("ps."):
+        only = {"ps.staleness_bound": "ps-async", "ps.backup_workers": "ps-sync"}.get(key)
+        return family == "ps" and (only is None or strategy == only)
+    if key.startswith("ring."):
+        return family == "allreduce"
+    return True
+
+
+# ---------------------------------------------------------------- spec
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    repeats: int
+    base: dict[str, Any]
+    grid: dict[str, list[Any]]
+    path: Path
+
+
+@dataclass(frozen=True)
+class Point:
+    point_id: str
+    repeat: int
+    config: RunConfig
+    values: dict[str, Any]  # this point's grid values, for labels
+
+
+def load_spec(path: str | os.PathLike) -> Spec:
+    """Read and check a spec file; raise ConfigError naming the key and the fix."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the spec ({exc.strerror}); check the path") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML ({exc}); fix the syntax") from None
+    for key in data:
+        if key not in SPEC_KEYS:
+            raise ConfigError(f"{p}: key {key!r} is unknown; use {', '.join(SPEC_KEYS)}")
+    name = data.get("name", p.stem)
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ConfigError(f"{p}: name {name!r} must be a folder name of letters, digits, . _ -")
+    repeats = data.get("repeats", 1)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= 1000:
+        raise ConfigError(f"{p}: repeats {repeats!r} must be an integer in 1..1000, e.g. 3")
+    base = _section(data, "base", p)
+    grid = _section(data, "grid", p)
+    for key, values in grid.items():
+        if not isinstance(values, list):
+            raise ConfigError(f"{p}: grid.{key} = {values!r} must be a list; "
+                              f"write [{values!r}] or move it to [base]")
+        if not values:
+            raise ConfigError(f"{p}: grid.{key} is an empty list; give at least one value or remove it")
+        grid[key] = [_coerce(key, v, f"{p}: grid.{key}") for v in values]
+        if key in base:
+            raise ConfigError(f"{p}: {key} is in both [base] and [grid]; keep one")
+    base = {k: _coerce(k, v, f"{p}: base.{k}") for k, v in base.items()}
+    return Spec(name, repeats, base, grid, p)
+
+
+def _section(data: Mapping[str, Any], section: str, p: Path) -> dict[str, Any]:
+    table = data.get(section, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{p}: {section} must be a table, e.g. [{section}]")
+    flat: dict[str, Any] = {}
+    _flatten(table, "", flat, f"{p}: {section}")
+    known = config_keys()
+    for key in flat:
+        if key not in known:
+            hint = "set by the sweep (--out)" if key in SWEEP_OWNED else "unknown"
+            raise ConfigError(f"{p}: {section}.{key} is {hint}; use RunConfig keys such as "
+                              "strategy, workers, workload.grad_mb, ps.shards, network.bandwidth")
+    return flat
+
+
+def _flatten(table: Mapping[str, Any], prefix: str, out: dict[str, Any], where: str) -> None:
+    for key, value in table.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict):
+            _flatten(value, f"{full}.", out, where)
+            continue
+        full = "workload.name" if full == "workload" else full  # `workload = "mlp"` names it
+        if full in out:
+            raise ConfigError(f"{where}.{full} is given twice; keep one")
+        out[full] = value
+
+
+def _coerce(key: str, value: Any, where: str) -> Any:
+    """Check a value against the field's type; "none" -> None for optional fields."""
+    kind = config_keys()[key]
+    optional = "None" in kind
+    if optional and isinstance(value, str) and value.lower() == "none":
+        return None
+    base = kind.split("|")[0].strip()
+    ok = {"bool": isinstance(value, bool), "str": isinstance(value, str),
+          "int": isinstance(value, int) and not isinstance(value, bool),
+          "float": isinstance(value, (int, float)) and not isinstance(value, bool)}[base]
+    if not ok:
+        extra = ' or "none"' if optional else ""
+        raise ConfigError(f"{where} = {value!r}: expected {base}{extra}; fix the value in the spec")
+    return float(value) if base == "float" else value  # 4 and 4.0 give the same point id
+
+
+# ---------------------------------------------------------------- points
+
+
+def expand(spec: Spec, families: Mapping[str, str], runs_dir: str) -> tuple[list[Point], list[dict]]:
+    """Grid -> validated points (repeat-major) and the skipped duplicate combinations."""
+    keys = list(spec.grid)
+    configs: list[tuple[RunConfig, dict[str, Any]]] = []
+    seen: dict[str, dict[str, Any]] = {}
+    skipped: list[dict[str, Any]] = []
+    for combo in itertools.product(*spec.grid.values()):
+        values = dict(zip(keys, combo, strict=True))
+        cfg = _resolve(spec, {**spec.base, **values}, families, runs_dir)
+        digest = _digest(cfg, None)
+        if digest in seen:
+            skipped.append({"values": values, "same_as": seen[digest]})
+            continue
+        seen[digest] = values
+        configs.append((cfg, values))
+    points = [Point(_digest(cfg, r), r, cfg, values)
+              for r in range(spec.repeats) for cfg, values in configs]
+    return points, skipped
+
+
+def _resolve(spec: Spec, values: dict[str, Any], families: Mapping[str, str],
+             runs_dir: str) -> RunConfig:
+    strategy = values.get("strategy", RunConfig.strategy)
+    family = families.get(strategy)
+    kept = {k: v for k, v in values.items() if applies(k, strategy, family)}
+    cfg = with_overrides(RunConfig(out=runs_dir, quiet=True), **kept)
+    try:
+        return validate(cfg, families)
+    except ConfigError as exc:
+        grid = ", ".join(f"{k}={values[k]!r}" for k in spec.grid)
+        raise ConfigError(f"{spec.path}: point {{{grid}}}: {exc}") from None
+
+
+def _digest(cfg: RunConfig, repeat: int | None) -> str:
+    data = {k: v for k, v in cfg.to_dict().items() if k not in SWEEP_OWNED}
+    text = json.dumps({"config": data, "repeat": repeat}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def flat_config(cfg: RunConfig) -> dict[str, Any]:
+    """RunConfig -> {dotted key: value} over the settable keys."""
+    d = cfg.to_dict()
+    return {k: (d[k.split(".")[0]][k.split(".")[1]] if "." in k else d[k]) for k in config_keys()}
+
+
+def spec_dict(spec: Spec) -> dict[str, Any]:
+    """What a spec asks for, as JSON-able data (no path): name, repeats, base, grid."""
+    return {"name": spec.name, "repeats": spec.repeats, "base": dict(spec.base),
+            "grid": {k: list(v) for k, v in spec.grid.items()}}

@@ -1,0 +1,72 @@
+"""Scaling curves of experiments/regression.toml against the committed results/baselines/scaling.json.
+
+Reruns the regression sweep through the CLI (emulated network, ~100 s on 2 cores), with
+--update-baseline aimed at a temporary file, and compares each strategy's step-time ratios
+T(N)/T(2) with the committed baseline and with the cost model (testbed.baseline); a failure
+says which curve moved, at which N, and by how much. Ratios are measured within one run, so
+the check holds on any machine; absolute seconds are never compared.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.baseline import (
+    REFRESH,
+    compare,
+    curve_ratios,
+    load_baseline,
+    load_sweep,
+    model_ratios,
+)
+from testbed.sweep import load_spec, main, spec_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = ROOT / "experiments" / "regression.toml"
+BASELINE = ROOT / "results" / "baselines" / "scaling.json"
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("regression")
+    target = out / "baselines" / "scaling.json"
+    committed = BASELINE.stat().st_mtime_ns
+    code = main([str(SPEC), "--out", str(out), "--quiet", "--update-baseline", "--baseline", str(target)])
+    assert BASELINE.stat().st_mtime_ns == committed  # the committed file is written only by hand
+    table = load_sweep(out / "regression")
+    failed = table.loc[table["status"] != "completed", ["strategy", "workers", "error"]]
+    assert failed.empty, f"regression runs failed:\n{failed.to_string()}"
+    return table, code, target
+
+
+def test_baseline_was_measured_with_this_spec():
+    data = load_baseline(BASELINE)
+    assert data["spec"] == spec_dict(load_spec(SPEC)), (
+        f"{SPEC.name} changed since {BASELINE.name} was measured; refresh it: {REFRESH}")
+
+
+def test_curves_match_the_baseline_and_the_cost_model(sweep):
+    table, _, _ = sweep
+    data = load_baseline(BASELINE)
+    problems = compare(curve_ratios(table), data["ratios"], model_ratios(table), data["tolerance"])
+    assert not problems, "scaling curves moved:\n" + "\n".join(problems)
+
+
+def test_curve_shapes(sweep):
+    ratios = curve_ratios(sweep[0])
+    # N gradients cross one NIC (the driver's, the single PS shard's): ~linear in N (model 3.0).
+    for strategy in ("ps-sync", "mapreduce"):
+        assert ratios[strategy]["8"] > 2, f"{strategy} T(8)/T(2) = {ratios[strategy]['8']:.2f}"
+    # Each ring worker moves 2K(N-1)/N whatever N is: ~flat (model 1.75).
+    assert ratios["ring"]["8"] < 2, f"ring T(8)/T(2) = {ratios['ring']['8']:.2f}"
+
+
+def test_update_baseline_writes_this_measurement(sweep):
+    table, code, target = sweep
+    assert code == 0  # 1 would mean the curves left the cost model (see the test above)
+    data = load_baseline(target)
+    assert data["ratios"] == {s: pytest.approx(c, abs=1e-4) for s, c in curve_ratios(table).items()}
+    assert data["spec"] == spec_dict(load_spec(SPEC))
+    assert data["tolerance"] == 0.15 and data["machine"]["cpu_count"]
