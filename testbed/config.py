@@ -15,6 +15,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from testbed import units
+from testbed.allreduce.algorithms import ALGORITHMS
+from testbed.compression import parse_compression
+from testbed.faults import parse_faults, validate_faults
+from testbed.gossip.topology import TOPOLOGIES
 from testbed.stragglers import parse_stragglers, validate_stragglers
 
 WORKLOADS = ("mlp", "logreg", "synthetic")
@@ -26,6 +30,10 @@ MAX_WORKERS = 4096  # far past what one Ray cluster here can place; resources ar
 
 class ConfigError(ValueError):
     """A user input is wrong; the message is one line naming the value and the fix."""
+
+    def __init__(self, message: str) -> None:
+        # user text can carry line breaks; the message stays one line whatever they typed
+        super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"))
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,14 @@ class RingConfig:
     bucket_mb: float = 25.0
     overlap: bool = True
     transport: str = "object-store"
+    algorithm: str = "ring"  # ring | halving-doubling | tree | hierarchical
+    node_size: int | None = None  # hierarchical: workers per emulated node (None: Ray nodes)
+
+
+@dataclass(frozen=True)
+class GossipConfig:
+    topology: str = "ring"  # ring | torus | exponential | complete
+    asynchronous: bool = False  # pairwise averaging with one random neighbour, no rounds
 
 
 @dataclass(frozen=True)
@@ -89,6 +105,14 @@ class NetworkConfig:
 
 
 @dataclass(frozen=True)
+class FaultConfig:
+    fail: str = "none"  # --fail SPEC (testbed.faults)
+    max_restarts: int = 3  # per actor
+    checkpoint_every: int = 0  # PS shards: versions between checkpoints (0: none)
+    on_nan: str = "skip"  # skip | stop
+
+
+@dataclass(frozen=True)
 class RunConfig:
     strategy: str = "ring"
     workers: int = 4
@@ -98,11 +122,14 @@ class RunConfig:
     quiet: bool = False
     timeline: bool = False
     straggler: str = "none"
+    compression: str = "none"  # none | fp16 | topk:F (testbed.compression)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     ps: PSConfig = field(default_factory=PSConfig)
     ring: RingConfig = field(default_factory=RingConfig)
+    gossip: GossipConfig = field(default_factory=GossipConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    faults: FaultConfig = field(default_factory=FaultConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,7 +149,9 @@ def from_dict(data: Mapping[str, Any]) -> RunConfig:
         "cluster": ClusterConfig,
         "ps": PSConfig,
         "ring": RingConfig,
+        "gossip": GossipConfig,
         "network": NetworkConfig,
+        "faults": FaultConfig,
     }
     names = {f.name for f in fields(RunConfig)}
     kwargs = {}
@@ -171,6 +200,8 @@ def validate(cfg: RunConfig, strategies: Mapping[str, str]) -> RunConfig:
     _validate_cluster(cfg.cluster)
     _validate_ps(cfg, family)
     _validate_ring(cfg, family)
+    _validate_gossip(cfg, family)
+    _validate_compression(cfg, family)
     _validate_network(cfg.network)
     if cfg.network.emulated and cfg.strategy == "allreduce-torch":
         _fail("--bandwidth", cfg.network.bandwidth, "the library allreduce moves bytes itself and cannot be "
@@ -189,8 +220,23 @@ def validate(cfg: RunConfig, strategies: Mapping[str, str]) -> RunConfig:
         validate_stragglers(specs, cfg.workers)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    _validate_faults(cfg, family)
     _validate_out(cfg.out)
     return cfg
+
+
+def _validate_faults(cfg: RunConfig, family: str) -> None:
+    f = cfg.faults
+    try:
+        validate_faults(parse_faults(f.fail), workers=cfg.workers, shards=cfg.ps.shards, ps=family == "ps")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    _int_range("--max-restarts", f.max_restarts, 0, 1000, "use an integer in 0..1000")
+    _int_range("--checkpoint-every", f.checkpoint_every, 0, None, "use versions >= 0 (0 = no checkpoints)")
+    if f.checkpoint_every and family != "ps":
+        _fail("--checkpoint-every", f.checkpoint_every, "checkpoints PS shards; use it with ps-sync/ps-async")
+    if f.on_nan not in ("skip", "stop"):
+        _fail("--on-nan", f.on_nan, "choose skip or stop")
 
 
 def _validate_workload(w: WorkloadConfig) -> None:
@@ -259,6 +305,53 @@ def _validate_ring(cfg: RunConfig, family: str) -> None:
         _fail("--transport", r.transport, f"choose one of {', '.join(TRANSPORTS)}")
     if family != "allreduce" and r.transport != default.transport:
         _fail("--transport", r.transport, f"applies to --strategy ring only (got {cfg.strategy})")
+    if r.algorithm not in ALGORITHMS:
+        _fail("--algorithm", r.algorithm, f"choose one of {', '.join(ALGORITHMS)}")
+    if family != "allreduce" and r.algorithm != default.algorithm:
+        _fail("--algorithm", r.algorithm, f"applies to --strategy ring only (got {cfg.strategy})")
+    if cfg.strategy == "allreduce-torch" and r.algorithm != default.algorithm:
+        _fail("--algorithm", r.algorithm, "torch.distributed.all_reduce picks its own algorithm; "
+              "drop --algorithm or use --strategy ring")
+    if r.node_size is not None:
+        _int_range("--node-size", r.node_size, 1, MAX_WORKERS, "use an integer number of workers per node >= 1")
+        if r.algorithm != "hierarchical":
+            _fail("--node-size", r.node_size, "groups workers into nodes for --algorithm hierarchical; "
+                  f"add it or drop --node-size (got --algorithm {r.algorithm})")
+
+
+# Strategies that apply --compression; mapreduce/ps-* join when their workers compress.
+COMPRESSION_STRATEGIES = ("ring", "gossip")
+
+
+def _validate_gossip(cfg: RunConfig, family: str) -> None:
+    g, default = cfg.gossip, GossipConfig()
+    if g.topology not in TOPOLOGIES:
+        _fail("--topology", g.topology, f"choose one of {', '.join(TOPOLOGIES)}")
+    if not isinstance(g.asynchronous, bool):
+        _fail("--gossip-async", g.asynchronous, "use true or false")
+    if family != "gossip":
+        for flag, value, dflt in (("--topology", g.topology, default.topology),
+                                  ("--gossip-async", g.asynchronous, default.asynchronous)):
+            if value != dflt:
+                _fail(flag, value, f"is a gossip flag; drop it or use --strategy gossip (got {cfg.strategy})")
+
+
+def _validate_compression(cfg: RunConfig, family: str) -> None:
+    try:
+        spec = parse_compression(cfg.compression)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if spec.kind == "none":
+        return
+    if cfg.strategy not in COMPRESSION_STRATEGIES:
+        _fail("--compression", cfg.compression, f"applies to --strategy {'/'.join(COMPRESSION_STRATEGIES)} "
+              f"(got {cfg.strategy}); drop it")
+    if spec.kind == "topk" and family == "allreduce" and cfg.ring.algorithm != "ring":
+        _fail("--compression", cfg.compression, "top-k pieces are gathered around the ring; "
+              f"use --algorithm ring (got {cfg.ring.algorithm}) or fp16")
+    if spec.kind == "topk" and family == "gossip":
+        _fail("--compression", cfg.compression, "gossip averages parameters, not gradients, and top-k "
+              "of parameters does not average; use fp16 or none")
 
 
 def _validate_network(n: NetworkConfig) -> None:

@@ -32,11 +32,32 @@ upper bounds every step respects; `predict` reports both.
 
 Halving-doubling (Rabenseifner): ``2 log2(N) a + 2 (N-1)/N K/B``. Recursive halving does
 log2 N rounds exchanging K/2, K/4, ..., K/N bytes, which sum to (N-1)/N K; recursive
-doubling mirrors it. For N not a power of two ceil(log2 N) rounds are charged, an
-approximation that ignores the extra fold-in step.
+doubling mirrors it. `halving_doubling_comm_s` charges ceil(log2 N) rounds for N not a power
+of two (the textbook approximation); `halving_doubling_folded_comm_s` is exact for the
+schedule in ``testbed.allreduce.algorithms``: with p = 2^floor(log2 N), the N-p extra ranks
+fold their whole buffer into a partner first and get the result back last,
+``2 log2(p) a + 2 (p-1)/p K/B + 2 (a + K/B)`` (the last term only when N > p).
+
+Binomial tree (reduce to rank 0, broadcast back): ``2 ceil(log2 N)(a + K/B)`` -- every round
+moves the whole buffer, one message into each receiving NIC. Exact for N a power of two; for
+other N an upper bound (a subtree that is done early sends ahead and hides a latency).
+
+Hierarchical (g workers per node, M = ceil(N/g) nodes): tree reduce within the node, ring
+across the M node leaders, tree broadcast within the node:
+``2 ceil(log2 g)(a + K/B) + 2 (M-1)(a + K/(M B))``. The emulator charges intra-node hops at
+network prices too; on real hardware they ride shared memory or NVLink.
+
+Every allreduce above moves 2(N-1)K bytes in total, 2K(N-1)/N per worker on average; with b
+buckets reduced one after another each round's latency is paid b times (``b a``).
+
+Compression (``--compression``): fp16 halves K in every formula. Top-k with fraction F sends
+k = F K/4 (index, value) pairs, 2 F K bytes, gathered around the ring:
+``(N-1)(b a + 2 F K/B)``.
 
 Gossip with d neighbours: ``a + d K/B``. A worker sends its K-byte model to each of d
 neighbours through one egress (d K/B) and pays one latency; with d = 0 nothing moves.
+Asynchronous gossip averages with one neighbour per iteration: the model goes there and the
+neighbour's comes back, ``2(a + K/B)``.
 
 Asynchronous parameter server: ``2(a + K/(S B))`` per applied gradient -- one worker's own
 push and pull round trip through one shard's NIC with no other worker queued ahead of it.
@@ -47,11 +68,17 @@ from __future__ import annotations
 
 import math
 
+from testbed.compression import parse_compression
+
 __all__ = [
     "STRATEGIES",
     "bytes_per_worker_per_step",
     "gossip_comm_s",
+    "allreduce_comm_s",
+    "gossip_async_comm_s",
     "halving_doubling_comm_s",
+    "halving_doubling_folded_comm_s",
+    "hierarchical_comm_s",
     "mapreduce_comm_s",
     "mapreduce_pipelined_comm_s",
     "predict",
@@ -59,6 +86,8 @@ __all__ = [
     "ps_sync_comm_s",
     "ps_sync_pipelined_comm_s",
     "ring_comm_s",
+    "sparse_allgather_comm_s",
+    "tree_comm_s",
 ]
 
 STRATEGIES = (
@@ -68,8 +97,11 @@ STRATEGIES = (
     "ps-async",
     "mapreduce",
     "halving-doubling",
+    "tree",
+    "hierarchical",
     "gossip",
 )
+ALGORITHMS = ("ring", "halving-doubling", "tree", "hierarchical")  # --algorithm of `ring`
 
 
 def _count(name: str, value: int, minimum: int) -> int:
@@ -124,6 +156,72 @@ def halving_doubling_comm_s(n: int, k: float, a: float, b: float) -> float:
     return 2 * rounds * a + 2 * (n - 1) / n * k / b
 
 
+def halving_doubling_folded_comm_s(n: int, k: float, a: float, b: float, buckets: int = 1) -> float:
+    """Return 2 log2(p)(b a) + 2 (p-1)/p K/B [+ 2(b a + K/B) if N > p], p = 2^floor(log2 N)."""
+    _count("workers", n, 1)
+    _count("buckets", buckets, 1)
+    _link(k, a, b)
+    p = 1 << (n.bit_length() - 1)
+    core = 2 * (p.bit_length() - 1) * buckets * a + 2 * (p - 1) / p * k / b
+    return core + (2 * (buckets * a + k / b) if n > p else 0.0)
+
+
+def tree_comm_s(n: int, k: float, a: float, b: float, buckets: int = 1) -> float:
+    """Return 2 ceil(log2 N)(b a + K/B): binomial reduce, then binomial broadcast."""
+    _count("workers", n, 1)
+    _count("buckets", buckets, 1)
+    _link(k, a, b)
+    return 2 * (n - 1).bit_length() * (buckets * a + k / b)
+
+
+def hierarchical_comm_s(n: int, k: float, a: float, b: float, node_size: int | None = None,
+                        buckets: int = 1, nodes: int | None = None) -> float:
+    """Return 2 ceil(log2 g)(b a + K/B) + 2(M-1)(b a + K/(M B)); g = node_size (default N)."""
+    _count("workers", n, 1)
+    g = min(n, _count("node_size", node_size, 1)) if node_size is not None else n
+    m = _count("nodes", nodes, 1) if nodes is not None else -(-n // g)
+    _count("buckets", buckets, 1)
+    _link(k, a, b)
+    # Within a node: a tree of depth ceil(log2 g), twice; across nodes: a ring of M leaders.
+    return 2 * (g - 1).bit_length() * (buckets * a + k / b) + 2 * (m - 1) * (buckets * a + k / (m * b))
+
+
+def sparse_allgather_comm_s(n: int, payload: float, a: float, b: float, buckets: int = 1) -> float:
+    """Return (N-1)(b a + P/B): every worker's P-byte top-k payload travels around the ring."""
+    _count("workers", n, 1)
+    _count("buckets", buckets, 1)
+    _link(payload, a, b)
+    return (n - 1) * (buckets * a + payload / b)
+
+
+def allreduce_comm_s(algorithm: str, n: int, k: float, a: float, b: float, buckets: int = 1,
+                     node_size: int | None = None, nodes: int | None = None) -> float:
+    """Dispatch on --algorithm (ring, halving-doubling, tree, hierarchical)."""
+    if algorithm == "ring":
+        return ring_comm_s(n, k, a, b, buckets=buckets)
+    if algorithm == "halving-doubling":
+        return halving_doubling_folded_comm_s(n, k, a, b, buckets=buckets)
+    if algorithm == "tree":
+        return tree_comm_s(n, k, a, b, buckets=buckets)
+    if algorithm == "hierarchical":
+        return hierarchical_comm_s(n, k, a, b, node_size, buckets=buckets, nodes=nodes)
+    raise ValueError(f"algorithm {algorithm!r}: unknown; use one of {', '.join(ALGORITHMS)}")
+
+
+_FORMULAS = {
+    "ring": "2*(N-1)*(a + K/(N*B))",
+    "halving-doubling": "2*log2(p)*a + 2*(p-1)/p*K/B [+ 2*(a + K/B) if N > p = 2^floor(log2 N)]",
+    "tree": "2*ceil(log2(N))*(a + K/B)",
+    "hierarchical": "2*ceil(log2(g))*(a + K/B) + 2*(M-1)*(a + K/(M*B))",
+}
+
+
+def gossip_async_comm_s(k: float, a: float, b: float) -> float:
+    """Return 2(a + K/B): one pairwise exchange (model out, neighbour's model back)."""
+    _link(k, a, b)
+    return 2 * (a + k / b)
+
+
 def gossip_comm_s(d: int, k: float, a: float, b: float) -> float:
     """Return a + d K/B (0 with no neighbours)."""
     _count("degree", d, 0)
@@ -175,16 +273,30 @@ def predict(
     buckets: int = 1,
     compute_s: float = 0.0,
     degree: int = 2,
+    algorithm: str = "ring",
+    node_size: int | None = None,
+    nodes: int | None = None,
+    asynchronous: bool = False,
+    compression: str = "none",
 ) -> dict[str, float | str]:
-    """Return predicted_comm_s, predicted_step_s (= compute_s + comm) and the formula."""
+    """Return predicted_comm_s, predicted_step_s (= compute_s + comm) and the formula.
+
+    `algorithm` (with `node_size`/`nodes` for hierarchical) refines `ring`; `degree` and
+    `asynchronous` refine `gossip`; `compression` (none | fp16 | topk:F) applies to both.
+    """
     _strategy(strategy)
     if not (math.isfinite(compute_s) and compute_s >= 0):
         raise ValueError(f"compute_s {compute_s!r}: must be finite and >= 0 seconds; e.g. 0.05")
     n, k, a, b = workers, grad_bytes, latency, bandwidth
+    if compression != "none" and strategy not in ("ring", *ALGORITHMS, "gossip"):
+        raise ValueError(f"compression {compression!r}: modelled for ring and gossip only; "
+                         f"use 'none' for {strategy}")
     upper = None
-    if strategy in ("ring", "allreduce-torch"):
-        comm = ring_comm_s(n, k, a, b, buckets=buckets)
-        formula = "2*(N-1)*(a + K/(N*B))" if buckets == 1 else "2*(N-1)*(b*a + K/(N*B))"
+    if strategy in ("ring", *ALGORITHMS):
+        alg = algorithm if strategy == "ring" else strategy
+        comm, formula = _allreduce(alg, n, k, a, b, buckets, node_size, nodes, compression)
+    elif strategy == "allreduce-torch":
+        comm, formula = _allreduce("ring", n, k, a, b, buckets, None, None, "none")
     elif strategy == "ps-sync":
         comm, formula = ps_sync_pipelined_comm_s(n, k, a, b, shards), "2*a + (N+2*S-1)*K/(S*B) (pipelined)"
         upper = ps_sync_comm_s(n, k, a, b, shards=shards)
@@ -194,15 +306,42 @@ def predict(
     elif strategy == "mapreduce":
         comm, formula = mapreduce_pipelined_comm_s(n, k, a, b), "2*a + (N+1)*K/B (pipelined)"
         upper = mapreduce_comm_s(n, k, a, b)
-    elif strategy == "halving-doubling":
-        comm = halving_doubling_comm_s(n, k, a, b)
-        formula = "2*ceil(log2(N))*a + 2*(N-1)/N*K/B"
     else:
-        _count("workers", n, 1)
-        # A worker cannot have more distinct neighbours than there are other workers.
-        comm, formula = gossip_comm_s(min(degree, n - 1), k, a, b), "a + d*K/B"
+        comm, formula = _gossip(n, k, a, b, degree, asynchronous, compression)
     return {"predicted_comm_s": comm, "predicted_step_s": compute_s + comm, "formula": formula,
             "predicted_comm_s_no_overlap": comm if upper is None else upper}
+
+
+def _allreduce(alg: str, n: int, k: float, a: float, b: float, buckets: int,
+               node_size: int | None, nodes: int | None, compression: str) -> tuple[float, str]:
+    spec = parse_compression(compression)
+    if spec.kind == "topk":
+        if alg != "ring":
+            raise ValueError(f"compression {compression!r}: top-k is gathered around the ring; "
+                             f"use algorithm 'ring' (got {alg!r})")
+        comm = sparse_allgather_comm_s(n, 2 * spec.fraction * k, a, b, buckets=buckets)
+        return comm, f"(N-1)*({'b*' if buckets > 1 else ''}a + 2*F*K/B) (top-k, F={spec.fraction:g})"
+    k_eff = k / 2 if spec.kind == "fp16" else k
+    comm = allreduce_comm_s(alg, n, k_eff, a, b, buckets=buckets, node_size=node_size, nodes=nodes)
+    formula = _FORMULAS[alg]
+    if buckets > 1:  # every round's latency is paid once per bucket
+        formula = formula.replace("(a + ", "(b*a + ").replace("log2(p)*a", "log2(p)*b*a")
+    return comm, formula + (" with K/2 (fp16)" if spec.kind == "fp16" else "")
+
+
+def _gossip(n: int, k: float, a: float, b: float, degree: int, asynchronous: bool,
+            compression: str) -> tuple[float, str]:
+    _count("workers", n, 1)
+    spec = parse_compression(compression)
+    if spec.kind == "topk":
+        raise ValueError(f"compression {compression!r}: gossip sends parameters; use none or fp16")
+    k_eff = k / 2 if spec.kind == "fp16" else k
+    suffix = " with K/2 (fp16)" if spec.kind == "fp16" else ""
+    if asynchronous:
+        comm = 0.0 if n == 1 else gossip_async_comm_s(k_eff, a, b)
+        return comm, "2*(a + K/B) (one pairwise exchange)" + suffix
+    # A worker cannot have more distinct neighbours than there are other workers.
+    return gossip_comm_s(min(degree, n - 1), k_eff, a, b), "a + d*K/B" + suffix
 
 
 def bytes_per_worker_per_step(
@@ -214,8 +353,9 @@ def bytes_per_worker_per_step(
     _count("shards", shards, 1)
     _link(grad_bytes, 0.0, 1.0)
     n, k = workers, grad_bytes
-    if strategy in ("ring", "allreduce-torch", "halving-doubling"):
-        # Reduce-scatter and allgather each send (N-1) chunks of K/N bytes.
+    if strategy in ("ring", "allreduce-torch", *ALGORITHMS):
+        # Ring: reduce-scatter and allgather each send (N-1) chunks of K/N bytes. The other
+        # algorithms move the same 2(N-1)K in total, less evenly spread (a mean per worker).
         return 2 * k * (n - 1) / n
     if strategy == "gossip":
         return min(_count("degree", degree, 0), n - 1) * k

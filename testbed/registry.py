@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from testbed.allreduce.strategy import RingAllreduce, TorchAllreduce
+from testbed.gossip.strategy import GossipSGD
 from testbed.mapreduce.driver import MapReduce
 from testbed.ps.asynchronous import PSAsync
 from testbed.ps.sync import PSSync
@@ -14,6 +15,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     TorchAllreduce.name: TorchAllreduce,
     PSSync.name: PSSync,
     PSAsync.name: PSAsync,
+    GossipSGD.name: GossipSGD,
 }
 
 

@@ -20,6 +20,8 @@ from testbed.config import (
     WORKLOADS,
     ClusterConfig,
     ConfigError,
+    FaultConfig,
+    GossipConfig,
     NetworkConfig,
     PSConfig,
     RingConfig,
@@ -66,6 +68,16 @@ def build_parser(strategies: list[str]) -> argparse.ArgumentParser:
     a("--overlap", action=argparse.BooleanOptionalAction, default=True,
       help="ring: allreduce buckets while backward runs")
     a("--transport", default="object-store", help=f"ring: one of: {', '.join(TRANSPORTS)}")
+    a("--algorithm", default="ring", help="ring: ring, halving-doubling, tree or hierarchical")
+    a("--node-size", type=int, default=None, help="hierarchical: workers per emulated node "
+      "(default: one node per Ray node)")
+    a("--topology", default="ring", help="gossip: ring, torus, exponential or complete")
+    a("--gossip-async", action="store_true", help="gossip: asynchronous pairwise averaging")
+    a("--compression", default="none", help="none, fp16 or topk:F (e.g. topk:0.01)")
+    a("--fail", default="none", help="inject faults, e.g. worker=2,at=10 (see README)")
+    a("--max-restarts", type=int, default=3, help="restarts allowed per actor")
+    a("--checkpoint-every", type=int, default=0, help="PS: checkpoint shards every N versions")
+    a("--on-nan", default="skip", help="non-finite gradient: skip (default) or stop")
     a("--bandwidth", default=None, help="emulate a network: e.g. 10Gbit (default: real)")
     a("--latency", default="0us", help="emulated one-way latency, e.g. 50us")
     return p
@@ -76,7 +88,7 @@ def parse_config(argv: list[str] | None, strategies: dict[str, str]) -> RunConfi
     ns = build_parser(sorted(strategies)).parse_args(argv)
     cfg = RunConfig(
         strategy=ns.strategy, workers=ns.workers, steps=ns.steps, seed=ns.seed, out=ns.out,
-        quiet=ns.quiet, timeline=ns.timeline, straggler=ns.straggler,
+        quiet=ns.quiet, timeline=ns.timeline, straggler=ns.straggler, compression=ns.compression,
         workload=WorkloadConfig(name=ns.workload, batch_size=ns.batch_size, lr=ns.lr,
                                 grad_mb=ns.grad_mb, compute_ms=ns.compute_ms,
                                 backward_frac=ns.backward_frac, payload=ns.payload),
@@ -84,8 +96,12 @@ def parse_config(argv: list[str] | None, strategies: dict[str, str]) -> RunConfi
                               cpus_per_worker=ns.cpus_per_worker, timeout_s=ns.timeout),
         ps=PSConfig(shards=ns.ps_shards, staleness_bound=ns.staleness_bound,
                     backup_workers=ns.backup_workers),
-        ring=RingConfig(bucket_mb=ns.bucket_mb, overlap=ns.overlap, transport=ns.transport),
+        ring=RingConfig(bucket_mb=ns.bucket_mb, overlap=ns.overlap, transport=ns.transport,
+                        algorithm=ns.algorithm, node_size=ns.node_size),
+        gossip=GossipConfig(topology=ns.topology, asynchronous=ns.gossip_async),
         network=NetworkConfig(bandwidth=ns.bandwidth, latency=ns.latency),
+        faults=FaultConfig(fail=ns.fail, max_restarts=ns.max_restarts,
+                           checkpoint_every=ns.checkpoint_every, on_nan=ns.on_nan),
     )
     return validate(cfg, strategies)
 

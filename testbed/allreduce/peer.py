@@ -1,15 +1,15 @@
-"""The ring's actor shell: transports that move chunks between neighbours, and the ring peer.
+"""The allreduce family's actor shell: a worker that trains and allreduces its gradient buckets.
 
-The schedule (which chunk goes where at which step) is `ring.py`'s; this module only moves
-bytes. Worker r talks to its right neighbour (r+1) mod N and hears from its left (r-1) mod N;
-the driver starts a step and collects timings, but never relays a chunk.
+The schedules (which piece goes where in which round) are `ring.py`'s and `algorithms.py`'s;
+`collectives.py` walks them over a transport (`transport.py`); this module wires the peers
+and runs one training step. The driver starts a step and collects timings, but never relays
+a chunk.
 
-Transports (one method, `exchange(tag, send, recv_numel) -> received`):
-- object-store: `right.deliver.remote(tag, chunk)` puts the chunk in Ray's object store (small
-  ones travel inline) and runs `deliver` on one of the receiver's spare actor threads, which
-  files it in a mailbox; the receiver's ring thread takes it by tag. Works across nodes.
-- torch: torch.distributed point-to-point isend/recv (gloo on CPU, NCCL on GPU) between the
-  same actors; our schedule, not the library's allreduce.
+Per bucket (`--algorithm`): ring -> `ring_allreduce` over `exchange` (right neighbour only);
+halving-doubling / tree / hierarchical -> `run_schedule` over `send_to`/`recv_from` (any peer).
+`--compression fp16` sends every piece as float16 (sums stay float32); `--compression topk:F`
+compresses each bucket once (error feedback, one `Compressor` per bucket) and gathers all
+ranks' sparse pieces around the ring (`sparse_ring_allgather`), then sums them densely.
 
 Buffers: a torch tensor (any device: the adds run where the gradient lives, on the GPU for
 --device cuda) or, for the torch-free synthetic workload, a numpy array.
@@ -27,127 +27,24 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed.allreduce.ring import (
-    allgather_schedule,
-    chunk_bounds,
-    ring_neighbours,
-    scatter_reduce_schedule,
+from testbed.allreduce.algorithms import bytes_moved, groups_of_size, schedule
+from testbed.allreduce.collectives import ring_allreduce, run_schedule, sparse_ring_allgather
+from testbed.allreduce.ring import make_buckets, ring_neighbours
+from testbed.allreduce.transport import (
+    Mailbox,
+    ObjectStoreTransport,
+    TorchTransport,
+    Wire,
+    like,
+    to_numpy,
 )
-from testbed.emulation import Endpoint
-from testbed.network import sleep_until
+from testbed.compression import Compressor, parse_compression, unpack_sparse
 from testbed.remote import RemoteTimeout
 from testbed.worker import WorkerBase
 
+__all__ = ["Mailbox", "ObjectStoreTransport", "RingPeer", "TorchTransport", "ring_allreduce"]
+
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-
-
-class Mailbox:
-    """Tagged messages from the left neighbour; take() blocks until its tag arrives."""
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._box: dict[Any, Any] = {}
-
-    def put(self, tag: Any, payload: Any) -> None:
-        with self._cv:
-            self._box[tag] = payload
-            self._cv.notify_all()
-
-    def take(self, tag: Any, timeout: float) -> Any:
-        with self._cv:
-            if not self._cv.wait_for(lambda: tag in self._box, timeout=timeout):
-                raise RemoteTimeout(f"ring message {tag} from the left neighbour did not arrive "
-                                    f"within {timeout:g}s; a neighbour may be dead or hung")
-            return self._box.pop(tag)
-
-
-class ObjectStoreTransport:
-    def __init__(self, right: Any, mailbox: Mailbox, timeout: float, endpoint: Endpoint,
-                 logical_factor: float) -> None:
-        self.right, self.mailbox, self.timeout = right, mailbox, timeout
-        self.endpoint, self.factor = endpoint, logical_factor
-        self.inflight: list[Any] = []
-
-    def exchange(self, tag: Any, send: Any, recv_numel: int) -> np.ndarray:
-        chunk = _to_numpy(send)
-        departure = self.endpoint.send(int(chunk.nbytes * self.factor))
-        self.inflight.append(self.right.deliver.remote(tag, chunk, departure))
-        payload, delivery = self.mailbox.take(tag, self.timeout)
-        sleep_until(delivery)
-        return payload
-
-    def settle(self) -> None:
-        """Surface failures of this step's sends (and keep the list short)."""
-        if self.inflight:
-            ray.get(self.inflight, timeout=self.timeout)
-            self.inflight.clear()
-
-
-class TorchTransport:
-    """Point-to-point torch.distributed; under emulation a departure stamp precedes each chunk."""
-
-    def __init__(self, rank: int, n: int, device: str, endpoint: Endpoint, logical_factor: float) -> None:
-        self.left, self.right = ring_neighbours(rank, n)
-        self.device, self.endpoint, self.factor = device, endpoint, logical_factor
-
-    def exchange(self, tag: Any, send: Any, recv_numel: int) -> Any:
-        import torch
-        import torch.distributed as dist
-
-        out = torch.as_tensor(send).contiguous()
-        buf = torch.empty(recv_numel, dtype=out.dtype, device=out.device)
-        nbytes = int(recv_numel * out.element_size() * self.factor)
-        if self.endpoint.emulated:
-            stamp = torch.tensor([self.endpoint.send(int(out.numel() * out.element_size() * self.factor))],
-                                 dtype=torch.float64, device=out.device)
-            theirs = torch.empty_like(stamp)
-            req = dist.isend(stamp, dst=self.right)
-            dist.recv(theirs, src=self.left)
-            req.wait()
-        req = dist.isend(out, dst=self.right)
-        dist.recv(buf, src=self.left)
-        req.wait()
-        if self.endpoint.emulated:
-            self.endpoint.receive(nbytes, float(theirs.item()))
-        return buf
-
-    def settle(self) -> None:
-        pass
-
-
-def _to_numpy(x: Any) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x
-    return x.detach().cpu().numpy()
-
-
-def _like(incoming: Any, buf: Any) -> Any:
-    """Bring a received chunk to the buffer's kind and device (GPU adds stay on the GPU)."""
-    if isinstance(buf, np.ndarray):
-        return _to_numpy(incoming)
-    import torch
-
-    t = torch.as_tensor(incoming)
-    return t.to(buf.device, non_blocking=True) if t.device != buf.device else t
-
-
-def ring_allreduce(buf: Any, rank: int, n: int, transport: Any, tag: Any) -> int:
-    """Sum `buf` across the ring in place (scatter-reduce, then allgather); return bytes sent."""
-    if n == 1:
-        return 0
-    bounds = chunk_bounds(len(buf), n)
-    itemsize = buf.itemsize if isinstance(buf, np.ndarray) else buf.element_size()
-    sent = 0
-    for phase, schedule in (("rs", scatter_reduce_schedule(rank, n)), ("ag", allgather_schedule(rank, n))):
-        for i, (s, r) in enumerate(schedule):
-            (s0, s1), (r0, r1) = bounds[s], bounds[r]
-            incoming = _like(transport.exchange((tag, phase, i), buf[s0:s1], r1 - r0), buf)
-            sent += (s1 - s0) * itemsize
-            if phase == "rs":
-                buf[r0:r1] += incoming
-            else:
-                buf[r0:r1] = incoming
-    return sent
 
 
 class RingPeer(WorkerBase):
@@ -161,21 +58,33 @@ class RingPeer(WorkerBase):
         self.mailbox = Mailbox()
         self.transport: Any = None
         sizes = [int(np.prod(s, dtype=np.int64)) for _, s in self.workload.layout]
-        from testbed.allreduce.ring import make_buckets
-
         elems = max(1, int(config.ring.bucket_mb * 2**20) // 4)
         self.buckets = make_buckets(sizes, elems)
+        self.algorithm = config.ring.algorithm
+        self.compression = parse_compression(config.compression)
+        self.wire = Wire(half=self.compression.kind == "fp16")
+        self.compressors: dict[int, Compressor] = {}  # top-k: one residual per bucket
+        self.groups = groups_of_size(self.n, config.ring.node_size or self.n)
+        self._schedules: dict[int, list] = {}
 
     # ---- wiring
     def deliver(self, tag: Any, payload: np.ndarray, departure: float | None = None) -> None:
-        """Called by the left neighbour: file the chunk with its (emulated) delivery time."""
+        """Called by a peer: file the chunk with its (emulated) delivery time."""
         delivery = self.endpoint.delivery(int(payload.nbytes * self.logical_factor), departure)
         self.mailbox.put(tag, (payload, delivery))
 
     def connect_ring(self, peers: list[Any]) -> None:
         _, right = ring_neighbours(self.rank, self.n)
         self.transport = ObjectStoreTransport(peers[right], self.mailbox, self.config.cluster.timeout_s,
-                                              self.endpoint, self.logical_factor)
+                                              self.endpoint, self.logical_factor, peers=peers, rank=self.rank)
+
+    def node_id(self) -> str:
+        """The Ray node this peer runs on (hierarchical groups peers by node)."""
+        return ray.get_runtime_context().get_node_id()
+
+    def set_groups(self, groups: list[list[int]]) -> None:
+        """Hierarchical: the node groups (each a list of ranks; the first leads)."""
+        self.groups, self._schedules = groups, {}
 
     def rendezvous(self) -> tuple[str, int]:
         """Address and a free port for torch.distributed's TCP store (called on rank 0)."""
@@ -201,7 +110,7 @@ class RingPeer(WorkerBase):
 
 
     # ---- one training step
-    def _reduce_bucket(self, iteration: int, b: int, view: Any) -> tuple[float, int]:
+    def _reduce_bucket(self, iteration: int, b: int, view: Any) -> tuple[float, int, int]:
         t0 = time.time()
         if self.library:
             import torch
@@ -209,13 +118,36 @@ class RingPeer(WorkerBase):
 
             dist.all_reduce(torch.from_numpy(view) if isinstance(view, np.ndarray) else view)
             # gloo/NCCL pick their own algorithm; count the ring's volume as the nominal figure
-            sent = int(2 * view.nbytes * (self.n - 1) / self.n) if isinstance(view, np.ndarray) \
-                else int(2 * view.numel() * view.element_size() * (self.n - 1) / self.n)
+            nbytes = view.nbytes if isinstance(view, np.ndarray) else view.numel() * view.element_size()
+            sent = recv = int(2 * nbytes * (self.n - 1) / self.n)
         else:
-            sent = ring_allreduce(view, self.rank, self.n, self.transport, (iteration, b))
+            sent, recv = self._allreduce(view, (iteration, b), b)
         t1 = time.time()
         self.span("reduce", t0, t1)
-        return t1 - t0, sent
+        return t1 - t0, sent, recv
+
+    def _allreduce(self, view: Any, tag: Any, b: int) -> tuple[int, int]:
+        """Sum one bucket across the peers in place by --algorithm; return wire bytes (sent, recv)."""
+        if self.compression.kind == "topk":
+            return self._topk_allreduce(view, tag, b)
+        if len(view) not in self._schedules:
+            self._schedules[len(view)] = schedule(self.algorithm, self.rank, self.n, len(view), self.groups)
+        rounds = self._schedules[len(view)]
+        if self.algorithm == "ring":  # the ring's own neighbour exchange; same rounds, same bytes
+            sent = ring_allreduce(view, self.rank, self.n, self.transport, tag, self.wire)
+            return sent, bytes_moved(rounds, self.wire.itemsize(view))[1]
+        return run_schedule(view, rounds, self.transport, tag, self.wire)
+
+    def _topk_allreduce(self, view: Any, tag: Any, b: int) -> tuple[int, int]:
+        """Compress once (error feedback), gather every rank's sparse piece, sum them densely."""
+        comp = self.compressors.setdefault(b, Compressor(self.compression, len(view)))
+        packed = comp.compress(to_numpy(view))
+        dense = np.zeros(len(view), np.float32)
+        for piece in sparse_ring_allgather(packed, self.rank, self.n, self.transport, tag):
+            idx, vals = unpack_sparse(piece)
+            dense[idx] += vals  # rank order on every peer: bit-identical replicas
+        view[:] = like(dense, view)
+        return packed.nbytes * (self.n - 1), packed.nbytes * (self.n - 1)
 
     def train_step(self, iteration: int) -> dict[str, Any]:
         """Compute, allreduce every bucket (overlapped with backward or after it), apply SGD."""
@@ -223,7 +155,7 @@ class RingPeer(WorkerBase):
         delay = self.straggle(iteration, 0.0)
         batch = self.workload.batch(self.rank, iteration)
         bucket_s = [0.0] * len(self.buckets)
-        sent = [0]
+        sent = [0, 0]  # wire bytes sent, received
         t_c0 = time.time()
         if self.config.ring.overlap and self.n > 1:
             grad, loss, samples, t_c1 = self._overlapped(iteration, batch, bucket_s, sent)
@@ -231,8 +163,9 @@ class RingPeer(WorkerBase):
             grad, loss, samples = self.workload.gradient_buckets(batch, self.buckets, lambda b, v: None)
             t_c1 = time.time()
             for b, idx in enumerate(self.buckets):
-                bucket_s[b], nbytes = self._reduce_bucket(iteration, b, self.workload.bucket_view(grad, idx))
-                sent[0] += nbytes
+                bucket_s[b], out, into = self._reduce_bucket(iteration, b, self.workload.bucket_view(grad, idx))
+                sent[0] += out
+                sent[1] += into
         t_comm_end = time.time()
         if self.transport is not None:
             self.transport.settle()
@@ -244,6 +177,7 @@ class RingPeer(WorkerBase):
         self.span("apply", t_a0, t_a1)
         return {"t_start": t_start, "compute_s": t_c1 - t_c0, "comm_s": t_comm_end - t_c1,
                 "apply_s": t_a1 - t_a0, "bucket_s": bucket_s, "bytes_sent": int(sent[0] * self.logical_factor),
+                "bytes_recv": int(sent[1] * self.logical_factor),
                 "loss": loss, "samples": samples, "injected_delay_s": delay, "t_end": t_a1}
 
     def _overlapped(self, iteration: int, batch: Any, bucket_s: list[float], sent: list[int]):
@@ -255,8 +189,9 @@ class RingPeer(WorkerBase):
             for _ in self.buckets:
                 b, view = ready.get()
                 try:
-                    bucket_s[b], nbytes = self._reduce_bucket(iteration, b, view)
-                    sent[0] += nbytes
+                    bucket_s[b], out, into = self._reduce_bucket(iteration, b, view)
+                    sent[0] += out
+                    sent[1] += into
                 except BaseException as exc:  # noqa: BLE001 - re-raised on the step's thread
                     errors.append(exc)
                     return

@@ -1,4 +1,4 @@
-"""Strategies `ring` (our peer-to-peer ring allreduce) and `allreduce-torch` (the library baseline).
+"""Strategies `ring` (our peer-to-peer allreduce) and `allreduce-torch` (the library baseline).
 
 Every worker holds a full replica. Per step each computes its gradient, the gradient buckets
 (tensor fusion, last layers first, `--bucket-mb`) are summed across workers — by our ring
@@ -7,6 +7,11 @@ every worker applies the same SGD update to its own replica. No parameter is eve
 step each worker sends 2K(N-1)/N bytes (K = gradient bytes), independent of N for large N,
 which is why the ring's step time stays flat while a single parameter server's grows with N.
 Cost per step (no overlap, b buckets): 2(N-1)(b a + K/(N B)).
+
+`--algorithm` picks how `ring` sums a bucket (ring, halving-doubling, tree or hierarchical;
+schedules and costs in `algorithms.py`); hierarchical groups the workers by Ray node, or into
+emulated nodes of `--node-size` consecutive ranks. `--compression` (fp16, topk:F) shrinks what
+each bucket's allreduce sends; the summary's prediction uses the matching cost formula.
 
 With `--overlap` (default) a bucket's allreduce starts as soon as backward has produced it, on
 a communication thread, while backward goes on; `overlap_saved_s` reports the allreduce time
@@ -21,7 +26,8 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed import remote
+from testbed import costmodel, remote
+from testbed.allreduce.algorithms import groups_from_nodes, groups_of_size
 from testbed.allreduce.peer import RingPeer
 from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
 from testbed.workloads.base import unflatten
@@ -40,7 +46,7 @@ class RingAllreduce(Strategy):
         self.peers = remote.spawn(RemotePeer, self.cluster, cfg.workers, cfg, device=self.cluster.device,
                                   concurrency=CONCURRENCY, library=self.library)
         t = cfg.cluster.timeout_s
-        remote.get([p.ping.remote() for p in self.peers], t, "ring worker start-up")
+        remote.get([p.ping.remote() for p in self.peers], remote.startup_timeout(t), "ring worker start-up")
         params = remote.get(self.peers[0].get_params.remote(), t, "initial parameters")
         ref = ray.put(params)
         remote.get([p.set_params.remote(ref) for p in self.peers], t, "parameter broadcast")
@@ -51,9 +57,21 @@ class RingAllreduce(Strategy):
             remote.get([p.connect_ring.remote(self.peers) for p in self.peers], t, "ring wiring")
             if cfg.ring.transport == "torch":  # connect_ring set object-store; torch wins
                 remote.get([p.connect_torch_transport.remote() for p in self.peers], t, "transport")
+        self.groups = self._node_groups()
         self.layout = remote.get(self.peers[0].layout.remote(), t, "layout")
         self.num_buckets = remote.get(self.peers[0].num_buckets.remote(), t, "buckets")
         self.grad_bytes = remote.get(self.peers[0].logical_bytes.remote(), t, "sizes")
+
+    def _node_groups(self) -> list[list[int]]:
+        """Hierarchical: ranks grouped into emulated nodes (--node-size) or by Ray node."""
+        cfg, t = self.config, self.config.cluster.timeout_s
+        if cfg.ring.node_size is not None:
+            groups = groups_of_size(cfg.workers, cfg.ring.node_size)
+        else:
+            groups = groups_from_nodes(remote.get([p.node_id.remote() for p in self.peers], t, "node ids"))
+        if cfg.ring.algorithm == "hierarchical":
+            remote.get([p.set_groups.remote(groups) for p in self.peers], t, "node groups")
+        return groups
 
     def run(self, recorder: Recorder) -> None:
         cfg, n = self.config, self.config.workers
@@ -71,7 +89,7 @@ class RingAllreduce(Strategy):
                     version_read=step, version_applied=step, t_start=info["t_start"],
                     compute_s=info["compute_s"], comm_s=info["comm_s"],
                     wait_s=(info["t_start"] - t_issue) + (last_end - info["t_end"]) + info["apply_s"],
-                    bytes_sent=info["bytes_sent"], bytes_recv=info["bytes_sent"],
+                    bytes_sent=info["bytes_sent"], bytes_recv=info["bytes_recv"],
                     samples=info["samples"], loss=info["loss"], staleness=0,
                     injected_delay_s=info["injected_delay_s"]))
                 self.bucket_s.append(info["bucket_s"])
@@ -94,7 +112,22 @@ class RingAllreduce(Strategy):
             "algbw_Bps": algbw,
             "busbw_Bps": None if algbw is None else algbw * 2 * (n - 1) / n,
             "transport": "torch.distributed.all_reduce" if self.library else self.config.ring.transport,
+            "algorithm": "library" if self.library else self.config.ring.algorithm,
+            "compression": self.config.compression, "nodes": len(self.groups),
+            **self._prediction(),
         }
+
+    def _prediction(self) -> dict[str, Any]:
+        """The cost model for this algorithm and compression (session's default knows the ring only)."""
+        cfg = self.config
+        if not cfg.network.emulated or self.library:
+            return {}
+        return costmodel.predict(
+            "ring", workers=cfg.workers, grad_bytes=self.grad_bytes, latency=cfg.network.latency_s,
+            bandwidth=cfg.network.bandwidth_Bps, buckets=self.num_buckets,
+            compute_s=cfg.workload.compute_ms / 1000.0, algorithm=cfg.ring.algorithm,
+            node_size=max(len(g) for g in self.groups), nodes=len(self.groups),
+            compression=cfg.compression)
 
     def parameters(self) -> dict[str, np.ndarray]:
         flat = remote.get(self.peers[0].get_params.remote(), self.config.cluster.timeout_s, "parameters")

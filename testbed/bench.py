@@ -1,0 +1,320 @@
+"""Benchmark the allreduce building blocks: our ring against torch's gloo, a PS and MapReduce.
+
+    python -m testbed.bench allreduce --workers 2,4,8 --sizes 4KB,256KB,4MB,64MB \\
+        [--repeats 5] [--warmup 2] [--seed 0] [--timeout 120] [--out FILE.json]
+
+For every worker count N one set of actors (and one torch gloo process group) is created and
+reused for every size. Each worker holds a float32 buffer of size/4 seeded random elements;
+every method must leave the elementwise sum of all N buffers where its users need it, and
+before timing, each method's result is checked once against the numpy sum (a mismatch aborts).
+
+Methods (each one full allreduce-equivalent round on the same actors):
+  ring-objstore  our ring (ring.py schedule, peer.py ring_allreduce) over the object-store
+                 transport: each chunk is a `deliver` actor call to the right neighbour.
+  ring-torch     the same ring over torch.distributed isend/recv (gloo point-to-point).
+  gloo           torch.distributed.all_reduce with gloo in the same process group: the
+                 library baseline every ratio is taken against.
+  ps             one parameter-server shard with sum semantics: every worker pushes its
+                 buffer, then pulls the sum back into its buffer (push + pull, N*K in, N*K out).
+  mapreduce      the driver ray.put's a K-byte broadcast once (the previous round's sum, as it
+                 broadcasts parameters), every worker fetches it into its replica and returns its
+                 buffer, the driver sums the N buffers. Timed on the driver.
+
+Definitions (as in nccl-tests, doc/PERFORMANCE.md):
+  time   median over --repeats of one round's wall time: last worker's end - first worker's
+         start, all workers released together by a start gate (see benchlib); p10/p90 too.
+  algbw  = S / time, S the buffer size in bytes.
+  busbw  = algbw * 2(N-1)/N, the allreduce's bus factor: the per-link rate a ring would need,
+         comparable across N and against hardware peak. The same factor is applied to every
+         method (it belongs to the operation, not the algorithm), so busbw ratios = time ratios.
+  ratio  time / gloo's time for the same (N, size); > 1 is slower than gloo.
+  cpu    median CPU-seconds one round costs, summed over the processes doing it (workers'
+         whole processes during the op, the PS shard, the MapReduce driver; not Ray's daemons).
+         With C cores, time >= cpu / C: where time is close to that, the method is CPU-bound.
+
+Latency check: a 4 KiB ping-pong between ranks 0 and 1 through the object-store transport's
+exchange (the `deliver` path a ring step uses); one hop = RTT/2 (median). The ring's time at
+the smallest size is compared with 2(N-1) hops, the alpha term of the ring's cost model.
+
+Numbers are what this machine does: N workers share its cores (one torch thread each), so
+they measure contention honestly, not a cluster. Sizes parse like every size flag (4KB = 4000
+bytes, 4KiB = 4096). Ray: an initialized Ray is reused and left running; otherwise
+testbed.cluster starts an embedded one and stops it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from testbed.config import MAX_WORKERS, ConfigError
+from testbed.units import format_bytes, format_seconds, parse_size
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+PROG = "python -m testbed.bench"
+SCHEMA = "testbed.bench/1"
+TARGET_BUSBW_N, TARGET_BUSBW_MIN_SIZE = 4, 64 * 10**6  # target (1): ring >= 1.0x gloo busbw
+TARGET_LAT_N, TARGET_LAT_RATIO = 8, 1.5  # target (2): ring <= 1.5 x 2(N-1) hops
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    a = sub.add_parser("allreduce", help="ring vs gloo vs PS vs MapReduce allreduce").add_argument
+    a("--workers", default="2,4,8", help="comma-separated worker counts, e.g. 2,4,8")
+    a("--sizes", default="4KB,256KB,4MB,64MB", help="comma-separated buffer sizes, e.g. 4KB,64MiB")
+    a("--repeats", type=int, default=5, help="timed rounds per (N, size, method)")
+    a("--warmup", type=int, default=2, help="untimed rounds before them")
+    a("--seed", type=int, default=0, help="seed of the buffers' random data")
+    a("--timeout", type=float, default=120.0, help="seconds any remote wait may take")
+    a("--out", default=None, help="also write raw samples and derived numbers to this JSON file")
+    return p
+
+
+def _split(flag: str, text: str) -> list[str]:
+    items = [x.strip() for x in text.split(",")]
+    if not text.strip() or any(not x for x in items):
+        raise ConfigError(f"{flag} {text!r}: give a comma-separated list without empty items, e.g. "
+                          f"{'2,4,8' if flag == '--workers' else '4KB,64MB'}")
+    return items
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """argv -> validated options (raises ConfigError with the one-line message)."""
+    ns = build_parser().parse_args(argv)
+    if ns.command is None:
+        raise ConfigError(f"missing benchmark: use '{PROG} allreduce --workers 2,4 --sizes 4KB'")
+    workers = []
+    for item in _split("--workers", ns.workers):
+        if not item.isdigit() or not 2 <= int(item) <= MAX_WORKERS:
+            raise ConfigError(f"--workers {item!r}: use integers in 2..{MAX_WORKERS}, e.g. 2,4,8")
+        workers.append(int(item))
+    sizes = []
+    for item in _split("--sizes", ns.sizes):
+        try:
+            size = parse_size(item, flag="--sizes")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if size < 4 or size % 4:
+            raise ConfigError(f"--sizes {item!r}: is {size} bytes; use a positive multiple of 4 bytes "
+                              "(float32 elements), e.g. 4KB or 4KiB")
+        sizes.append(size)
+    if ns.repeats < 1:
+        raise ConfigError(f"--repeats {ns.repeats!r}: use a positive integer, e.g. 5")
+    if ns.warmup < 0:
+        raise ConfigError(f"--warmup {ns.warmup!r}: use an integer >= 0, e.g. 2")
+    if not 0 <= ns.seed < 2**32:
+        raise ConfigError(f"--seed {ns.seed!r}: use an integer in 0..2**32-1")
+    if not (ns.timeout > 0 and np.isfinite(ns.timeout)):
+        raise ConfigError(f"--timeout {ns.timeout!r}: use a finite number of seconds > 0, e.g. 120")
+    if ns.out is not None:
+        parent = os.path.dirname(os.path.abspath(ns.out))
+        if os.path.isdir(ns.out) or not os.path.isdir(parent):
+            raise ConfigError(f"--out {ns.out!r}: give a file path in an existing folder, e.g. bench.json")
+    ns.workers, ns.sizes = sorted(set(workers)), sorted(set(sizes))
+    _check_memory(ns.workers, ns.sizes)
+    return ns
+
+
+def _check_memory(workers: list[int], sizes: list[int]) -> None:
+    # Per size: each worker holds data + work + replica + a transient copy, the object store
+    # holds pushes/pulls/returns (~3 per worker) and the driver the expected sum and N returns.
+    from testbed.cluster import local_machine
+
+    n, s = max(workers), max(sizes)
+    need = s * (8 * n + 4)
+    have = local_machine()["memory"]
+    if need > have:
+        raise ConfigError(f"--sizes {format_bytes(s)} with --workers {n}: needs about "
+                          f"{need / 2**30:.1f} GiB of memory, the machine has {have / 2**30:.1f} GiB; "
+                          "use smaller sizes or fewer workers")
+
+
+def machine() -> dict[str, Any]:
+    import ray
+    import torch
+
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"cpus": os.cpu_count(), "memory_bytes": mem, "platform": platform.platform(),
+            "processor": platform.machine(), "python": platform.python_version(),
+            "numpy": np.__version__, "torch": torch.__version__, "ray": ray.__version__}
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    line = (f"machine: {m['cpus']} CPUs, {m['memory_bytes'] / 2**30:.0f} GiB, {m['platform']}; "
+            f"python {m['python']}, numpy {m['numpy']}, torch {m['torch']}, ray {m['ray']}")
+    before, other = m.get("busy_before"), m.get("other_cpu_share")
+    if before is not None and other is not None:
+        line += (f"\nmachine load: {before:.0%} of the CPUs busy before the run; processes other than "
+                 f"the benchmark's (Ray daemons included) used {other:.0%} of them during it")
+        if max(before, other) > 0.25:
+            line += " -- BUSY machine: numbers include foreign contention; rerun when quiet"
+    return line
+
+
+def derive(n: int, size: int, method: str, m: dict[str, Any]) -> dict[str, Any]:
+    """Raw samples -> median/p10/p90 time, algbw, busbw."""
+    s = np.asarray(m["samples_s"], dtype=float)
+    med = float(np.median(s))
+    algbw = size / med
+    return {"workers": n, "size_bytes": size, "method": method, "median_s": med,
+            "p10_s": float(np.percentile(s, 10)), "p90_s": float(np.percentile(s, 90)),
+            "algbw_Bps": algbw, "busbw_Bps": algbw * 2 * (n - 1) / n,
+            "cpu_s_median": float(np.median(m["cpu_s"])), **m}
+
+
+def _bw(x: float) -> str:
+    return format_bytes(x) + "/s"
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    head = ("N", "size", "method", "time", "p10", "p90", "algbw", "busbw", "vs gloo", "cpu")
+    lines = [head]
+    for r in rows:
+        ratio = r.get("ratio_to_gloo")
+        lines.append((str(r["workers"]), format_bytes(r["size_bytes"]), r["method"],
+                      format_seconds(r["median_s"]), format_seconds(r["p10_s"]),
+                      format_seconds(r["p90_s"]), _bw(r["algbw_Bps"]), _bw(r["busbw_Bps"]),
+                      "-" if ratio is None else f"{ratio:.2f}x", format_seconds(r["cpu_s_median"])))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    left = {2}
+    out = []
+    for line in lines:
+        out.append("  ".join(c.ljust(w) if i in left else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(line, widths, strict=True))))
+    return "\n".join(out)
+
+
+def latency_entry(n: int, hops: list[float], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    hop = float(np.median(hops))
+    small = min((r for r in rows if r["workers"] == n and r["method"] == "ring-objstore"),
+                key=lambda r: r["size_bytes"])
+    bound = 2 * (n - 1) * hop
+    return {"workers": n, "hop_samples_s": hops, "hop_s": hop, "ring_size_bytes": small["size_bytes"],
+            "ring_s": small["median_s"], "hops_s": bound, "ratio": small["median_s"] / bound}
+
+
+def format_latency(lat: dict[str, Any]) -> str:
+    n = lat["workers"]
+    return (f"latency N={n}: ring-objstore {format_bytes(lat['ring_size_bytes'])} "
+            f"{format_seconds(lat['ring_s'])} vs 2(N-1)={2 * (n - 1)} one-hop 4 KiB pings "
+            f"({format_seconds(lat['hop_s'])} each) = {format_seconds(lat['hops_s'])}: "
+            f"{lat['ratio']:.2f}x")
+
+
+def targets(rows: list[dict[str, Any]], lats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The two ring targets, where this run measured their (N, size)."""
+    out = []
+    big = [r for r in rows if r["workers"] == TARGET_BUSBW_N and r["size_bytes"] >= TARGET_BUSBW_MIN_SIZE]
+    if big:
+        size = min(r["size_bytes"] for r in big)
+        by = {r["method"]: r for r in big if r["size_bytes"] == size}
+        ratio = by["ring-objstore"]["busbw_Bps"] / by["gloo"]["busbw_Bps"]
+        out.append({"name": f"busbw ring-objstore / gloo, N={TARGET_BUSBW_N}, {format_bytes(size)}",
+                    "value": ratio, "goal": ">= 1.0", "met": ratio >= 1.0})
+    for lat in lats:
+        if lat["workers"] == TARGET_LAT_N:
+            out.append({"name": f"ring latency / 2(N-1) hops, N={TARGET_LAT_N}, "
+                                f"{format_bytes(lat['ring_size_bytes'])}",
+                        "value": lat["ratio"], "goal": f"<= {TARGET_LAT_RATIO}",
+                        "met": lat["ratio"] <= TARGET_LAT_RATIO})
+    return out
+
+
+def write_json(path: str, doc: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    os.replace(tmp, path)  # atomic: a reader never sees half a file
+
+
+def run_allreduce(ns: argparse.Namespace) -> dict[str, Any]:
+    from testbed.benchlib import METHODS, Runner
+    from testbed.cluster import Cluster
+    from testbed.config import ClusterConfig
+
+    cluster = Cluster(ClusterConfig(timeout_s=ns.timeout), workers=max(ns.workers), servers=1)
+    cluster.precheck_local()
+    rows: list[dict[str, Any]] = []
+    lats: list[dict[str, Any]] = []
+    from testbed.benchlib import busy_fraction, system_cpu_s
+
+    busy_before = busy_fraction(1.0)  # before Ray and our actors add their own load
+    sys0, wall0, ours = system_cpu_s(), time.time(), -sum(os.times()[:2])
+    with cluster:
+        mach = machine()
+        for n in ns.workers:
+            runner = Runner(cluster, n, seed=ns.seed, timeout=ns.timeout)
+            try:
+                hops = runner.hop_latency()
+                for size in ns.sizes:
+                    runner.load(size)
+                    found = {}
+                    for method in METHODS:
+                        t0 = time.time()
+                        found[method] = derive(n, size, method,
+                                               runner.measure(method, size, ns.warmup, ns.repeats))
+                        print(f"  N={n} {format_bytes(size)} {method}: "
+                              f"{format_seconds(found[method]['median_s'])} "
+                              f"({time.time() - t0:.1f}s wall)", file=sys.stderr, flush=True)
+                    for r in found.values():
+                        r["ratio_to_gloo"] = r["median_s"] / found["gloo"]["median_s"]
+                        rows.append(r)
+                lats.append(latency_entry(n, hops, rows))
+                gate_retries = runner.retries
+            finally:
+                ours += runner.close()
+            print(f"  N={n} done (start-gate retries: {gate_retries})", file=sys.stderr, flush=True)
+        ours += sum(os.times()[:2])  # the driver's share since sys0
+        sys1, wall1 = system_cpu_s(), time.time()
+    mach["busy_before"] = busy_before
+    if sys0 is not None and sys1 is not None and busy_before is not None:
+        mach["other_cpu_share"] = max(0.0, (sys1 - sys0 - ours) / ((wall1 - wall0) * (os.cpu_count() or 1)))
+    return {"schema": SCHEMA, "command": [PROG, *ns.argv], "created": time.time(), "machine": mach,
+            "args": {k: v for k, v in vars(ns).items() if k != "argv"}, "results": rows,
+            "latency": lats, "targets": targets(rows, lats)}
+
+
+def report(doc: dict[str, Any]) -> str:
+    lines = [machine_line(doc["machine"]), "", format_table(doc["results"]), ""]
+    lines += [format_latency(lat) for lat in doc["latency"]]
+    for t in doc["targets"]:
+        lines.append(f"target {t['name']}: {t['value']:.2f} (goal {t['goal']}): "
+                     f"{'met' if t['met'] else 'MISSED'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        ns = parse_args(argv)
+    except ConfigError as exc:
+        print(f"testbed.bench: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    ns.argv = argv
+    try:
+        doc = run_allreduce(ns)
+    except ConfigError as exc:  # resource shortfall found by the cluster check
+        print(f"testbed.bench: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(report(doc))
+    if ns.out:
+        write_json(ns.out, doc)
+        print(f"wrote {ns.out}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Decentralised training: gossip SGD (topology.py is the pure part, strategy.py the actors)."""

@@ -1,0 +1,224 @@
+"""Strategy `gossip`: decentralised parallel SGD, no server, no global sum, no global barrier.
+
+Every worker keeps its own replica, takes a local SGD step on its shard and averages with its
+graph neighbours (`--topology ring|torus|exponential|complete`; graphs, mixing matrix W and
+cost in `topology.py`; the worker's two step kinds in `peer.py`)::
+
+    synchronous (default)     x_i <- sum_j W_ij (x_j - lr g_j)   neighbours' step-t models only
+    --gossip-async            local step, then x_i, x_j <- (x_i + x_j)/2 with a random neighbour
+
+The driver keeps one call in flight per worker and starts a worker's next step as soon as its
+previous one returns, so workers drift apart as far as the graph lets them. It never moves a
+model between workers; it only watches: each step returns the worker's replica, from which the
+driver derives the consensus distance (mean L2 distance of the replicas from their average)
+and evaluates the *average* model -- the model gossip SGD is judged by -- on a separate thread.
+
+Model updates (the `--steps` budget and the UpdateRecords):
+- synchronous: one global step, complete once every worker has finished iteration t. Its loss
+  is the average model's before the step (x_bar_t) on the step's global batch, as mapreduce
+  reports the loss of the parameters a step starts from; its consensus distance is measured
+  after the step's mixing. StepRecords: version_read = version_applied = t, staleness 0.
+- asynchronous: one applied local gradient, numbered in the order the driver sees them (as
+  for ps-async), about steps/N iterations per worker. Versions in StepRecords are the
+  worker's replica versions; staleness = averagings that landed during the gradient. Loss and
+  consensus distance use the replicas as each worker last reported them.
+
+Cost: a + d K/B per synchronous step (d neighbours, d*K bytes sent per worker per step);
+2(a + K/B) per asynchronous exchange. `parameters()` returns the average of the replicas.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import ray
+
+from testbed import costmodel, remote
+from testbed.gossip.peer import GossipPeer
+from testbed.gossip.topology import (
+    consensus_distance,
+    degree,
+    mixing_matrix,
+    neighbours,
+    spectral_gap,
+)
+from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
+from testbed.workloads import make_workload
+from testbed.workloads.base import unflatten
+
+RemoteGossipPeer = ray.remote(GossipPeer)
+
+
+class GossipSGD(Strategy):
+    name = "gossip"
+    family = "gossip"
+
+    def setup(self) -> None:
+        cfg, t = self.config, self.config.cluster.timeout_s
+        self.degree = degree(cfg.gossip.topology, cfg.workers)
+        self.peers = remote.spawn(RemoteGossipPeer, self.cluster, cfg.workers, cfg, device=self.cluster.device,
+                                  concurrency=self.degree + 3)
+        remote.get([p.ping.remote() for p in self.peers], t, "gossip worker start-up")
+        params = remote.get(self.peers[0].get_params.remote(), t, "initial parameters")
+        ref = ray.put(params)
+        remote.get([p.set_params.remote(ref) for p in self.peers], t, "parameter broadcast")
+        remote.get([p.connect.remote(self.peers) for p in self.peers], t, "gossip wiring")
+        self.layout = remote.get(self.peers[0].layout.remote(), t, "layout")
+        self.grad_bytes = remote.get(self.peers[0].logical_bytes.remote(), t, "sizes")
+        # The driver's own replica evaluates the average model (no compute time to sleep).
+        self.model = make_workload(replace(cfg.workload, compute_ms=0.0), seed=cfg.seed, workers=cfg.workers)
+        self.distances: list[float] = []
+
+    def run(self, recorder: Recorder) -> None:
+        cfg = self.config
+        replicas = self.replica_parameters()
+        self.initial_distance = consensus_distance(replicas)
+        self.latest = dict(enumerate(replicas))
+        evaluator = _Evaluator(self.model, recorder)
+        try:
+            if cfg.gossip.asynchronous:
+                self._run_async(recorder, evaluator)
+            else:
+                self._run_sync(recorder, evaluator, np.mean(replicas, axis=0))
+        finally:
+            evaluator.close(cfg.cluster.timeout_s)
+        recorder.events_from([e for p in self.peers
+                              for e in remote.get(p.drain_events.remote(), cfg.cluster.timeout_s, "events")])
+
+    def _run_sync(self, recorder: Recorder, evaluator: _Evaluator, xbar: np.ndarray) -> None:
+        cfg, n = self.config, self.config.workers
+        done: dict[int, dict[int, dict[str, Any]]] = {}  # iteration -> worker -> info
+        driver = _Driver(self.peers, "sync_step", cfg.steps, cfg.steps * n, cfg.cluster.timeout_s)
+        for w, it, info, t_issue in driver:
+            recorder.step(self._step_record(w, it, info, it, it, t_issue))
+            done.setdefault(it, {})[w] = info
+            while len(done.get(len(self.distances), {})) == n:  # global steps complete in order
+                step, infos = len(self.distances), done.pop(len(self.distances))
+                replicas = [infos[r]["params"] for r in range(n)]
+                self.distances.append(consensus_distance(replicas))
+                evaluator.submit(step + 1, xbar, [(r, step) for r in range(n)],
+                                 max(i["t_end"] for i in infos.values()), n)
+                xbar = np.mean(replicas, axis=0)
+
+    def _run_async(self, recorder: Recorder, evaluator: _Evaluator) -> None:
+        cfg, n = self.config, self.config.workers
+        driver = _Driver(self.peers, "async_step", None, cfg.steps, cfg.cluster.timeout_s)
+        for version, (w, it, info, t_issue) in enumerate(driver, start=1):
+            recorder.step(self._step_record(w, it, info, info["version_read"], info["version_applied"], t_issue))
+            self.latest[w] = info["params"]
+            replicas = [self.latest[r] for r in range(n)]
+            self.distances.append(consensus_distance(replicas))
+            evaluator.submit(version, np.mean(replicas, axis=0), [(w, it)], info["t_applied"], 1)
+
+    def _step_record(self, w: int, it: int, info: dict[str, Any], read: int, applied: int,
+                     t_issue: float) -> StepRecord:
+        return StepRecord(
+            run_id=self.run_id, strategy=self.name, worker=w, iteration=it, version_read=read,
+            version_applied=applied, t_start=info["t_start"], compute_s=info["compute_s"],
+            comm_s=info["comm_s"], wait_s=max(0.0, info["t_start"] - t_issue),
+            bytes_sent=info["bytes_sent"], bytes_recv=info["bytes_recv"], samples=info["samples"],
+            loss=info["loss"], staleness=applied - read, injected_delay_s=info["injected_delay_s"])
+
+    def summary_extra(self) -> dict[str, Any]:
+        cfg = self.config
+        nbrs = neighbours(cfg.gossip.topology, cfg.workers)
+        out = {
+            "grad_bytes_logical": self.grad_bytes, "topology": cfg.gossip.topology,
+            "asynchronous": cfg.gossip.asynchronous, "degree": self.degree,
+            "spectral_gap": spectral_gap(mixing_matrix(nbrs)), "compression": cfg.compression,
+            "consensus_distance_initial": getattr(self, "initial_distance", None),
+            "consensus_distance": self.distances,
+            "consensus_distance_last": self.distances[-1] if self.distances else None,
+        }
+        if cfg.network.emulated:
+            out.update(costmodel.predict(
+                "gossip", workers=cfg.workers, grad_bytes=self.grad_bytes, latency=cfg.network.latency_s,
+                bandwidth=cfg.network.bandwidth_Bps, compute_s=cfg.workload.compute_ms / 1000.0,
+                degree=self.degree, asynchronous=cfg.gossip.asynchronous, compression=cfg.compression))
+        return out
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """The average model (what decentralised SGD is evaluated by)."""
+        return unflatten(np.mean(self.replica_parameters(), axis=0).astype(np.float32), self.layout)
+
+    def replica_parameters(self) -> list[np.ndarray]:
+        return remote.get([p.get_params.remote() for p in self.peers], self.config.cluster.timeout_s, "replicas")
+
+    def teardown(self) -> None:
+        remote.kill_all(getattr(self, "peers", []))
+
+
+class _Driver:
+    """Keep one step in flight per worker; yield (worker, iteration, info, t_issue) as they end.
+
+    `per_worker` caps each worker's iterations (synchronous); `total` caps all of them.
+    """
+
+    def __init__(self, peers: list[Any], method: str, per_worker: int | None, total: int,
+                 timeout: float) -> None:
+        self.peers, self.method, self.per_worker, self.total = peers, method, per_worker, total
+        self.timeout = timeout
+
+    def __iter__(self):
+        issued, next_it, inflight = 0, [0] * len(self.peers), {}
+
+        def issue(w: int) -> None:
+            nonlocal issued
+            if issued < self.total and (self.per_worker is None or next_it[w] < self.per_worker):
+                ref = getattr(self.peers[w], self.method).remote(next_it[w])
+                inflight[ref] = (w, next_it[w], time.time())
+                next_it[w] += 1
+                issued += 1
+
+        for w in range(len(self.peers)):
+            issue(w)
+        while inflight:
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=self.timeout)
+            if not ready:
+                busy = sorted(w for w, _, _ in inflight.values())
+                raise remote.RemoteTimeout(f"gossip: no worker finished a step within {self.timeout:g}s "
+                                           f"(workers {busy}); a neighbour may be dead or hung")
+            w, it, t_issue = inflight.pop(ready[0])
+            info = remote.get(ready[0], self.timeout, f"gossip worker {w} step {it}")
+            issue(w)
+            yield w, it, info, t_issue
+
+
+class _Evaluator:
+    """Evaluate the average model on a driver thread, emitting UpdateRecords in version order."""
+
+    def __init__(self, model: Any, recorder: Recorder) -> None:
+        self.model, self.recorder = model, recorder
+        self.jobs: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._work, name="gossip-eval", daemon=True)
+        self.thread.start()
+
+    def submit(self, version: int, xbar: np.ndarray, batch: list[tuple[int, int]], t_applied: float,
+               contributors: int) -> None:
+        if self.error is not None:
+            raise self.error
+        self.jobs.put((version, xbar, batch, t_applied, contributors))
+
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            version, xbar, batch, t_applied, contributors = job
+            try:
+                self.model.set_params(xbar)
+                _, loss, _ = self.model.gradient(self.model.combine([self.model.batch(w, i) for w, i in batch]))
+                self.recorder.update(UpdateRecord(version=version, t_applied=t_applied,
+                                                  contributors=contributors, dropped=0, loss=float(loss)))
+            except BaseException as exc:  # noqa: BLE001 - surfaced on the driver's thread
+                self.error = exc
+                return
+
+    def close(self, timeout: float) -> None:
+        self.jobs.put(None)
+        self.thread.join(timeout=timeout)
+        if self.error is not None:
+            raise self.error
