@@ -38,6 +38,7 @@ def summarize(steps: pd.DataFrame, updates: pd.DataFrame, *, strategy: str, work
             "staleness_max")})
         out["dropped_gradients"] = 0
         out["updates_per_worker"] = {}  # same keys as a run with updates
+        out["straggler_attribution"] = {}
         return out
     t0 = float(steps["t_start"].min())
     t_applied = updates["t_applied"].to_numpy(dtype=float)
@@ -70,8 +71,26 @@ def summarize(steps: pd.DataFrame, updates: pd.DataFrame, *, strategy: str, work
         "staleness_max": int(stale.max()) if len(stale) else None,
         "dropped_gradients": int(updates["dropped"].sum()),
         "updates_per_worker": {int(w): int(c) for w, c in applied.groupby("worker").size().items()},
+        "straggler_attribution": straggler_attribution(steps),
     })
     return out
+
+
+def straggler_attribution(steps: pd.DataFrame) -> dict[int, dict[str, float]]:
+    """Per worker: how late it was ready at each sync point, and how long it waited there.
+
+    ready = t_start + compute + injected delay (the moment its gradient could leave);
+    ready_lag = ready - the earliest ready of that iteration. A straggler has a large lag and
+    a small wait; the workers it holds back have the reverse. Barriers hide this in step
+    times alone.
+    """
+    if len(steps) == 0:
+        return {}
+    ready = steps["t_start"] + steps["compute_s"] + steps["injected_delay_s"]
+    lag = ready - ready.groupby(steps["iteration"]).transform("min")
+    frame = pd.DataFrame({"worker": steps["worker"], "lag": lag, "wait": steps["wait_s"]})
+    means = frame.groupby("worker")[["lag", "wait"]].mean()
+    return {int(w): {"ready_lag_s": float(r["lag"]), "wait_s": float(r["wait"])} for w, r in means.iterrows()}
 
 
 def time_split(steps: pd.DataFrame) -> dict[str, float]:

@@ -142,7 +142,7 @@ def format_summary(s: dict[str, Any]) -> str:
     b = s.get("bytes_sent_per_worker_per_step")
     rows = [
         ("strategy", f"{s['strategy']}  (N={s['workers']}, {s.get('status')})"),
-        ("updates", f"{s['steps']}  in {num('train_wall_s')} s"),
+        ("updates", f"{s['steps']}  in {num('train_wall_s')} s  (start-up {num('startup_s')} s)"),
         ("throughput", f"{num('samples_per_s', '{:.1f}')} samples/s, {num('updates_per_s', '{:.2f}')} updates/s"),
         ("step time p50 / p95", f"{ms('step_time_p50_s')} / {ms('step_time_p95_s')}"),
         ("compute / comm / wait", split),

@@ -90,8 +90,7 @@ def execute(cfg: RunConfig, *, run_id: str | None = None) -> Outcome:
         if bar is not None:
             bar.close()
     try:
-        summary = finish(folder, cfg, recorder, status, params, {**recorder.extra, **extra},
-                         time.time() - t_start)
+        summary = finish(folder, cfg, recorder, status, params, {**recorder.extra, **extra}, t_start)
     finally:
         if main_thread:
             signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -112,7 +111,7 @@ def servers_for(cfg: RunConfig) -> int:
 
 
 def finish(folder: RunFolder, cfg: RunConfig, recorder: Any, status: str, params: Any,
-           extra: dict[str, Any], elapsed_s: float) -> dict[str, Any]:
+           extra: dict[str, Any], t_start: float) -> dict[str, Any]:
     """Flush raw records, then derive and write the summary (and params, timeline)."""
     import pandas as pd
 
@@ -124,7 +123,9 @@ def finish(folder: RunFolder, cfg: RunConfig, recorder: Any, status: str, params
     updates = pd.DataFrame(recorder.updates, columns=list(UPDATE_COLUMNS))
     summary = summarize(steps, updates, strategy=cfg.strategy, workers=cfg.workers, status=status)
     summary["run_id"] = folder.path.name
-    summary["elapsed_s"] = elapsed_s
+    summary["elapsed_s"] = time.time() - t_start
+    # Ray start-up, actor processes, imports, placement: until the first worker iteration
+    summary["startup_s"] = float(steps["t_start"].min()) - t_start if len(steps) else None
     summary["workload"] = cfg.workload.name
     summary.update(_predictions(cfg, summary, steps, updates, extra))
     summary.update(extra)

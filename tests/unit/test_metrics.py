@@ -180,3 +180,16 @@ def test_time_split_means_per_iteration():
 def test_time_split_empty():
     steps, _ = frames([], [])
     assert time_split(steps) == {"compute": 0.0, "comm": 0.0, "wait": 0.0}
+
+
+def test_straggler_attribution_names_the_late_worker():
+    from testbed.metrics import straggler_attribution
+
+    steps = pd.DataFrame({
+        "worker": [0, 1, 0, 1], "iteration": [0, 0, 1, 1],
+        "t_start": [10.0, 10.0, 11.0, 11.0], "compute_s": [0.1, 0.1, 0.1, 0.1],
+        "injected_delay_s": [0.5, 0.0, 0.3, 0.0], "wait_s": [0.0, 0.5, 0.0, 0.3],
+    })
+    att = straggler_attribution(steps)
+    assert att[0]["ready_lag_s"] == pytest.approx(0.4) and att[1]["ready_lag_s"] == pytest.approx(0.0)
+    assert att[1]["wait_s"] == pytest.approx(0.4) and att[0]["wait_s"] == pytest.approx(0.0)
