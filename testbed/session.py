@@ -157,7 +157,7 @@ def _predictions(cfg: RunConfig, summary: dict[str, Any], steps: Any, updates: A
     if len(steps) and summary.get("step_time_mean_s") is not None:
         from testbed import registry
 
-        if registry.STRATEGIES[cfg.strategy].synchronous:
+        if registry.STRATEGIES[cfg.strategy].synchronous and not cfg.gossip.asynchronous:
             out["comm_s_per_step"] = critical_comm_s(steps, updates)
         else:
             out["comm_s_per_step"] = float(steps["comm_s"].mean())

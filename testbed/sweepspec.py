@@ -49,7 +49,15 @@ def applies(key: str, strategy: str, family: str | None) -> bool:
         only = {"ps.staleness_bound": "ps-async", "ps.backup_workers": "ps-sync"}.get(key)
         return family == "ps" and (only is None or strategy == only)
     if key.startswith("ring."):
+        if key in ("ring.algorithm", "ring.node_size") and strategy == "allreduce-torch":
+            return False  # the library picks its own algorithm
         return family == "allreduce"
+    if key.startswith("gossip."):
+        return family == "gossip"
+    if key == "compression":
+        from testbed.config import COMPRESSION_STRATEGIES
+
+        return strategy in COMPRESSION_STRATEGIES
     return True
 
 

@@ -113,7 +113,7 @@ class RingAllreduce(Strategy):
             "busbw_Bps": None if algbw is None else algbw * 2 * (n - 1) / n,
             "transport": "torch.distributed.all_reduce" if self.library else self.config.ring.transport,
             "algorithm": "library" if self.library else self.config.ring.algorithm,
-            "compression": self.config.compression, "nodes": len(self.groups),
+            "nodes": len(self.groups),
             **self._prediction(),
         }
 

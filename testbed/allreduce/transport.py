@@ -81,6 +81,11 @@ class ObjectStoreTransport:
         sleep_until(delivery)
         return payload
 
+    def take_stamped(self, peer: int, tag: Any) -> tuple[np.ndarray, float | None]:
+        """(payload, departure) of a `send_to`, for a receiver whose `deliver` files departures
+        and that reserves its ingress itself (gossip: d models per step, in departure order)."""
+        return self.mailbox.take(("p2p", peer, tag), self.timeout)
+
     def flush(self) -> None:
         pass
 

@@ -67,9 +67,8 @@ class GossipPeer(WorkerBase):
                                               self.endpoint, self.logical_factor, peers=peers, rank=self.rank)
 
     def deliver(self, tag: Any, payload: np.ndarray, departure: float | None = None) -> None:
-        """Called by a neighbour: file its model with the (emulated) delivery time."""
-        delivery = self.endpoint.delivery(self._logical(payload), departure)
-        self.mailbox.put(tag, (payload, delivery))
+        """Called by a neighbour: file its model with its departure stamp (see `_receive_all`)."""
+        self.mailbox.put(tag, (payload, departure))
 
     def get_params(self) -> np.ndarray:
         with self.lock:
@@ -109,7 +108,7 @@ class GossipPeer(WorkerBase):
             self.transport.send_to(j, iteration, payload)
         t1 = time.time()
         self.span("send", t0, t1)
-        values = {j: self.wire.decode(self.transport.recv_from(j, iteration)) for j in self.nbrs[self.rank]}
+        values = self._receive_all(iteration)
         t2 = time.time()
         self.span("recv", t1, t2)
         values[self.rank] = mine
@@ -122,6 +121,18 @@ class GossipPeer(WorkerBase):
         nbytes = self._logical(payload) * len(self.nbrs[self.rank])
         return {**info, "comm_s": t3 - t0, "bytes_sent": nbytes, "bytes_recv": nbytes,
                 "t_end": t3, "params": mixed.copy()}
+
+    def _receive_all(self, iteration: int) -> dict[int, np.ndarray]:
+        """The neighbours' step models; the emulated ingress takes them in departure order.
+
+        Reserving on arrival instead would let a model that left later (its sender's second
+        send slot) queue ahead of one already on the wire, which no NIC does.
+        """
+        got = {j: self.transport.take_stamped(j, iteration) for j in self.nbrs[self.rank]}
+        order = sorted(got, key=lambda j: (got[j][1] is None, got[j][1] or 0.0, j))
+        last = max((self.endpoint.delivery(self._logical(got[j][0]), got[j][1]) for j in order), default=0.0)
+        sleep_until(last)
+        return {j: self.wire.decode(payload) for j, (payload, _) in got.items()}
 
     # ---- asynchronous gossip
     def average(self, payload: np.ndarray, departure: float | None) -> tuple[np.ndarray, float | None]:

@@ -25,6 +25,11 @@ Model updates (the `--steps` budget and the UpdateRecords):
 
 Cost: a + d K/B per synchronous step (d neighbours, d*K bytes sent per worker per step);
 2(a + K/B) per asynchronous exchange. `parameters()` returns the average of the replicas.
+Watching costs the driver one replica per worker step (K bytes each; not counted as gossip
+traffic, and off the workers' critical path except for the copy a step returns).
+
+Faults: there is no recovery. A dead or hung worker stalls its neighbours, whose receives (or
+averaging calls) time out after --timeout; the run then fails with every record so far kept.
 """
 
 from __future__ import annotations
@@ -130,7 +135,7 @@ class GossipSGD(Strategy):
         out = {
             "grad_bytes_logical": self.grad_bytes, "topology": cfg.gossip.topology,
             "asynchronous": cfg.gossip.asynchronous, "degree": self.degree,
-            "spectral_gap": spectral_gap(mixing_matrix(nbrs)), "compression": cfg.compression,
+            "spectral_gap": spectral_gap(mixing_matrix(nbrs)),
             "consensus_distance_initial": getattr(self, "initial_distance", None),
             "consensus_distance": self.distances,
             "consensus_distance_last": self.distances[-1] if self.distances else None,
