@@ -80,7 +80,7 @@ class Liveness:
         """Bring every dead or hung actor back; return the indices that were restarted."""
         revived = self.find_dead()
         for i in revived:
-            self.alive(i, self._wait_alive(i))
+            self.alive(i, self.wait_alive(i))
         return revived
 
     def alive(self, i: int, pid: int) -> None:
@@ -112,7 +112,8 @@ class Liveness:
                 revived.append(i)
         return revived
 
-    def _wait_alive(self, i: int) -> int:
+    def wait_alive(self, i: int) -> int:
+        """Block until actor i answers again (after a restart); return its pid."""
         from testbed.faults import RestartsExhausted
 
         deadline = time.monotonic() + startup_timeout(self.timeout)

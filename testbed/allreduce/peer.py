@@ -39,6 +39,7 @@ from testbed.allreduce.transport import (
     to_numpy,
 )
 from testbed.compression import Compressor, parse_compression, unpack_sparse
+from testbed.faults import NonFiniteGradient, is_finite, poison
 from testbed.remote import RemoteTimeout
 from testbed.worker import WorkerBase
 
@@ -66,6 +67,9 @@ class RingPeer(WorkerBase):
         self.compressors: dict[int, Compressor] = {}  # top-k: one residual per bucket
         self.groups = groups_of_size(self.n, config.ring.node_size or self.n)
         self._schedules: dict[int, list] = {}
+        self._snapshot: tuple[int, Any] | None = None  # (iteration, params before it)
+        self.attempt = 0
+        self._poison = False  # injected NaN fault for this step
 
     # ---- wiring
     def deliver(self, tag: Any, payload: np.ndarray, departure: float | None = None) -> None:
@@ -112,6 +116,9 @@ class RingPeer(WorkerBase):
     # ---- one training step
     def _reduce_bucket(self, iteration: int, b: int, view: Any) -> tuple[float, int, int]:
         t0 = time.time()
+        if self._poison:
+            poison(view)
+            self._poison = False
         if self.library:
             import torch
             import torch.distributed as dist
@@ -121,7 +128,7 @@ class RingPeer(WorkerBase):
             nbytes = view.nbytes if isinstance(view, np.ndarray) else view.numel() * view.element_size()
             sent = recv = int(2 * nbytes * (self.n - 1) / self.n)
         else:
-            sent, recv = self._allreduce(view, (iteration, b), b)
+            sent, recv = self._allreduce(view, (iteration, self.attempt, b), b)
         t1 = time.time()
         self.span("reduce", t0, t1)
         return t1 - t0, sent, recv
@@ -149,9 +156,23 @@ class RingPeer(WorkerBase):
         view[:] = like(dense, view)
         return packed.nbytes * (self.n - 1), packed.nbytes * (self.n - 1)
 
-    def train_step(self, iteration: int) -> dict[str, Any]:
+    # ---- recovery (driver-initiated, see allreduce/strategy.py)
+    def abort(self) -> None:
+        self.mailbox.abort()
+
+    def reset(self, iteration: int) -> None:
+        """Forget the aborted attempt: mailbox cleared, parameters as before `iteration`."""
+        self.mailbox.reset()
+        if self._snapshot is not None and self._snapshot[0] == iteration:
+            self.workload.set_params(self._snapshot[1])
+
+    def train_step(self, iteration: int, attempt: int = 0) -> dict[str, Any]:
         """Compute, allreduce every bucket (overlapped with backward or after it), apply SGD."""
         t_start = time.time()
+        fault = self.inject(iteration)
+        self.attempt = attempt  # tags carry it: messages of an aborted attempt never match
+        self._poison = fault == "nan"
+        self._snapshot = (iteration, self.workload.get_params())
         delay = self.straggle(iteration, 0.0)
         batch = self.workload.batch(self.rank, iteration)
         bucket_s = [0.0] * len(self.buckets)
@@ -172,13 +193,19 @@ class RingPeer(WorkerBase):
         self.span("compute", t_c0, t_c1)
         t_a0 = time.time()
         grad /= self.n  # average, not sum: equals SGD on the concatenated batch
-        self.workload.apply_update(grad, self.config.workload.lr)
+        # a NaN anywhere reaches every peer's sum alike, so all peers skip the same update
+        finite = is_finite(to_numpy(grad))
+        if finite:
+            self.workload.apply_update(grad, self.config.workload.lr)
+        elif self.config.faults.on_nan == "stop":
+            raise NonFiniteGradient(f"step {iteration}: the summed gradient is not finite (--on-nan stop)")
         t_a1 = time.time()
         self.span("apply", t_a0, t_a1)
         return {"t_start": t_start, "compute_s": t_c1 - t_c0, "comm_s": t_comm_end - t_c1,
                 "apply_s": t_a1 - t_a0, "bucket_s": bucket_s, "bytes_sent": int(sent[0] * self.logical_factor),
                 "bytes_recv": int(sent[1] * self.logical_factor),
-                "loss": loss, "samples": samples, "injected_delay_s": delay, "t_end": t_a1}
+                "loss": loss, "samples": samples, "injected_delay_s": delay, "t_end": t_a1,
+                "applied": finite}
 
     def _overlapped(self, iteration: int, batch: Any, bucket_s: list[float], sent: list[int]):
         """Backward hands finished buckets to a comm thread that allreduces them meanwhile."""

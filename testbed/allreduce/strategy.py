@@ -29,6 +29,7 @@ import ray
 from testbed import costmodel, remote
 from testbed.allreduce.algorithms import groups_from_nodes, groups_of_size
 from testbed.allreduce.peer import RingPeer
+from testbed.faults import NonFiniteGradient
 from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
 from testbed.workloads.base import unflatten
 
@@ -44,9 +45,10 @@ class RingAllreduce(Strategy):
     def setup(self) -> None:
         cfg = self.config
         self.peers = remote.spawn(RemotePeer, self.cluster, cfg.workers, cfg, device=self.cluster.device,
-                                  concurrency=CONCURRENCY, library=self.library)
+                                  concurrency=CONCURRENCY, library=self.library,
+                                  max_restarts=cfg.faults.max_restarts)
         t = cfg.cluster.timeout_s
-        remote.get([p.ping.remote() for p in self.peers], remote.startup_timeout(t), "ring worker start-up")
+        self.liveness = remote.Liveness(self.peers, t, "ring worker")
         params = remote.get(self.peers[0].get_params.remote(), t, "initial parameters")
         ref = ray.put(params)
         remote.get([p.set_params.remote(ref) for p in self.peers], t, "parameter broadcast")
@@ -78,9 +80,16 @@ class RingAllreduce(Strategy):
         self.bucket_s: list[list[float]] = []
         self.overlap_saved: list[float] = []
         for step in range(cfg.steps):
-            t_issue = time.time()
-            refs = [p.train_step.remote(step) for p in self.peers]
-            infos = remote.get(refs, cfg.cluster.timeout_s, f"{self.name} step {step}")
+            attempt = 0
+            while True:
+                t_issue = time.time()
+                refs = [p.train_step.remote(step, attempt) for p in self.peers]
+                try:
+                    infos = remote.get(refs, cfg.cluster.timeout_s, f"{self.name} step {step}")
+                    break
+                except (*remote.ACTOR_ERRORS, ray.exceptions.RayTaskError) as exc:
+                    self._recover(recorder, step, refs, exc, t_issue)
+                    attempt += 1
             t_done = time.time()
             last_end = max(i["t_end"] for i in infos)
             for r, info in enumerate(infos):
@@ -94,10 +103,46 @@ class RingAllreduce(Strategy):
                     injected_delay_s=info["injected_delay_s"]))
                 self.bucket_s.append(info["bucket_s"])
                 self.overlap_saved.append(max(0.0, sum(info["bucket_s"]) - info["comm_s"]))
-            recorder.update(UpdateRecord(version=step + 1, t_applied=t_done, contributors=n, dropped=0,
+            applied = all(i["applied"] for i in infos)
+            if not applied:
+                recorder.fault("nan-skipped", "ring", step, t_done, t_done)
+            recorder.update(UpdateRecord(version=step + 1, t_applied=t_done, contributors=n if applied else 0,
+                                         dropped=0 if applied else n,
                                          loss=float(np.mean([i["loss"] for i in infos]))))
         recorder.events_from([e for p in self.peers
                               for e in remote.get(p.drain_events.remote(), cfg.cluster.timeout_s, "events")])
+
+    def _recover(self, recorder: Recorder, step: int, refs: list[Any], exc: BaseException, t0: float) -> None:
+        """A peer died or hung mid-step: abort the step everywhere, restart the peer, rebuild
+        the ring from a survivor's parameters (as before the step), and let the step be redone.
+
+        Only the object-store transport can be rebuilt; torch.distributed process groups do not
+        survive a member's death, so those runs stop with the error.
+        """
+        cause = getattr(exc, "cause", None) or exc
+        if isinstance(cause, NonFiniteGradient):
+            raise NonFiniteGradient(str(cause).splitlines()[0]) from None
+        if self.library or self.config.ring.transport != "object-store":
+            raise exc
+        t = self.config.cluster.timeout_s
+        dead = self.liveness.find_dead()
+        live = [i for i in range(len(self.peers)) if i not in dead]
+        for i in live:
+            self.peers[i].abort.remote()
+        ray.wait(refs, num_returns=len(refs), timeout=t)  # every attempt ends (aborted or done)
+        for i in dead:
+            self.liveness.alive(i, self.liveness.wait_alive(i))
+        if not live:
+            raise RuntimeError(f"{self.name}: every peer died at step {step}; nothing to resume from")
+        remote.get([self.peers[i].reset.remote(step) for i in live], t, "ring reset")
+        params = remote.get(self.peers[live[0]].get_params.remote(), t, "survivor parameters")
+        ref = ray.put(params)
+        remote.get([self.peers[i].set_params.remote(ref) for i in dead], t, "parameter re-sync")
+        remote.get([p.connect_ring.remote(self.peers) for p in self.peers], t, "ring re-wiring")
+        if self.config.ring.algorithm == "hierarchical":
+            remote.get([self.peers[i].set_groups.remote(self.groups) for i in dead], t, "node groups")
+        for i in dead:
+            recorder.fault("worker-restart", f"worker{i}", step, t0, time.time(), cause=type(cause).__name__)
 
     def summary_extra(self) -> dict[str, Any]:
         n, k = self.config.workers, self.grad_bytes

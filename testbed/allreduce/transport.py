@@ -35,12 +35,17 @@ from testbed.network import sleep_until
 from testbed.remote import RemoteTimeout
 
 
+class StepAborted(RuntimeError):
+    """The driver aborted this step to rebuild the ring after a peer died."""
+
+
 class Mailbox:
     """Tagged messages from peers; take() blocks until its tag arrives."""
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
         self._box: dict[Any, Any] = {}
+        self._aborted = False
 
     def put(self, tag: Any, payload: Any) -> None:
         with self._cv:
@@ -49,10 +54,24 @@ class Mailbox:
 
     def take(self, tag: Any, timeout: float) -> Any:
         with self._cv:
-            if not self._cv.wait_for(lambda: tag in self._box, timeout=timeout):
+            if not self._cv.wait_for(lambda: tag in self._box or self._aborted, timeout=timeout):
                 raise RemoteTimeout(f"message {tag} did not arrive within {timeout:g}s; "
                                     "the sending peer may be dead or hung")
+            if self._aborted:
+                raise StepAborted(f"message {tag}: the step was aborted (a peer died)")
             return self._box.pop(tag)
+
+    def abort(self) -> None:
+        """Wake every waiting take() with StepAborted (the driver is recovering a dead peer)."""
+        with self._cv:
+            self._aborted = True
+            self._cv.notify_all()
+
+    def reset(self) -> None:
+        """Drop messages of aborted attempts and accept new ones."""
+        with self._cv:
+            self._box.clear()
+            self._aborted = False
 
 
 class ObjectStoreTransport:

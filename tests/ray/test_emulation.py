@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 # ring moves 2(N-1) small chunks per step, so it needs a larger K for the same signal
 EMULATED = {
-    "ring": {"workload.grad_mb": 1000.0, "workload.payload": "scaled:0.001"},
+    "ring": {"workload.grad_mb": 100.0, "workload.payload": "scaled:0.01"},
     "ps-sync": {"workload.grad_mb": 10.0, "workload.payload": "scaled:0.01"},
     "mapreduce": {"workload.grad_mb": 10.0, "workload.payload": "scaled:0.01"},
 }

@@ -127,3 +127,18 @@ def test_sigint_keeps_measurements(tmp_path):
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["steps"] > 0
     assert len(pd.read_parquet(folder / "steps.parquet")) >= 2 * summary["steps"]
+
+
+@pytest.mark.parametrize("fail", ["worker=1,at=2", "nan:worker=0,at=1"])
+def test_ring_rebuilds_after_a_death_and_skips_a_nan_step(fail):
+    cfg = make_config(strategy="ring", workers=3, steps=4, **FAST, **{"faults.fail": fail})
+    out = run_strategy(cfg)
+    kinds = _kinds(out)
+    if fail.startswith("nan"):
+        assert kinds == ["nan-skipped"] and out["updates"]["contributors"].tolist()[1] == 0
+        assert np.isfinite(out["flat"]).all()
+        return
+    assert kinds == ["worker-restart"]
+    np.testing.assert_allclose(out["flat"], reference_sgd(cfg), rtol=1e-4, atol=1e-5)
+    for rep in out["replicas"]:
+        np.testing.assert_allclose(rep, out["flat"], rtol=1e-6, atol=1e-7)
