@@ -319,8 +319,8 @@ def _validate_ring(cfg: RunConfig, family: str) -> None:
                   f"add it or drop --node-size (got --algorithm {r.algorithm})")
 
 
-# Strategies that apply --compression; mapreduce/ps-* join when their workers compress.
-COMPRESSION_STRATEGIES = ("ring", "gossip")
+# Strategies that apply --compression (allreduce-torch: the library moves the bytes).
+COMPRESSION_STRATEGIES = ("ring", "gossip", "mapreduce", "ps-sync", "ps-async")
 
 
 def _validate_gossip(cfg: RunConfig, family: str) -> None:

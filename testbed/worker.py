@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from testbed.compression import Compressor, parse_compression
 from testbed.config import RunConfig
 from testbed.emulation import Endpoint
 from testbed.faults import FaultPlan, parse_faults, poison
@@ -64,6 +65,10 @@ class WorkerBase:
         self.hung = False
         self.faults = FaultPlan(parse_faults(config.faults.fail), "worker", rank, restarted=_restarted())
         self.logical_factor = self.workload.logical_bytes / (self.workload.numel * 4)
+        spec = parse_compression(config.compression)
+        # mapreduce / PS gradients leave compressed (the ring family compresses per bucket itself)
+        self.compressors: dict[tuple[int, int], Compressor] = {}
+        self.compression = spec if spec.kind != "none" else None
 
     # ---- plumbing shared by every strategy
     def ping(self) -> int:
@@ -132,9 +137,17 @@ class WorkerBase:
 
         Used by mapreduce; info["departure"] stamps the gradient for the receiver's NIC.
         """
-        k = self.workload.logical_bytes
-        self.endpoint.receive(k, departure)
+        self.endpoint.receive(self.workload.logical_bytes, departure)
         self.workload.set_params(params)
         grad, info = self.compute(iteration)
-        info["departure"] = self.endpoint.send(k)
-        return grad, info
+        payload = self.outgoing(grad, 0, grad.size)
+        info["bytes_sent"] = int(payload.nbytes * self.logical_factor)
+        info["departure"] = self.endpoint.send(info["bytes_sent"])
+        return payload, info
+
+    def outgoing(self, grad: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        """The gradient slice as it goes on the wire: compressed (with its own top-k residual)."""
+        if self.compression is None:
+            return grad[lo:hi]
+        comp = self.compressors.setdefault((lo, hi), Compressor(self.compression, hi - lo))
+        return comp.compress(np.ascontiguousarray(grad[lo:hi]))

@@ -28,6 +28,7 @@ import numpy as np
 import ray
 
 from testbed import remote
+from testbed.compression import Compressor, parse_compression
 from testbed.emulation import Endpoint
 from testbed.faults import NonFiniteGradient, is_finite
 from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
@@ -48,6 +49,8 @@ class MapReduce(Strategy):
         self.model = make_workload(cfg.workload, seed=cfg.seed, workers=cfg.workers)
         self.params = self.model.get_params()
         self.endpoint = Endpoint(cfg.network, "driver")
+        spec = parse_compression(cfg.compression)
+        self.decompressor = Compressor(spec, self.params.size) if spec.kind != "none" else None
         self.liveness = remote.Liveness(self.workers, cfg.cluster.timeout_s, "worker")
 
     def run(self, recorder: Recorder) -> None:
@@ -87,8 +90,10 @@ class MapReduce(Strategy):
         results = remote.get(list(pending), cfg.cluster.timeout_s, "mapreduce gradients")
         if self.endpoint.emulated:  # gradients queue at the driver's ingress, in arrival order
             for r in sorted(arrivals, key=arrivals.get):
-                self.endpoint.receive(self.k, results[r][1]["departure"])
+                self.endpoint.receive(results[r][1]["bytes_sent"], results[r][1]["departure"])
                 arrivals[r] = time.time()
+        if self.decompressor is not None:
+            results = [(self.decompressor.decompress(g), info) for g, info in results]
         return results, arrivals
 
     def _reduce(self, recorder: Recorder, step: int, t_issue: float, results: list[Any],
@@ -116,7 +121,7 @@ class MapReduce(Strategy):
                 compute_s=info["compute_s"],
                 comm_s=max(0.0, arrivals[r] - t_issue - info["compute_s"] - info["injected_delay_s"]),
                 wait_s=(last - arrivals[r]) + (t_applied - t_reduce),
-                bytes_sent=self.k, bytes_recv=self.k, samples=info["samples"],
+                bytes_sent=info["bytes_sent"], bytes_recv=self.k, samples=info["samples"],
                 loss=info["loss"], staleness=0 if finite[r] else -1,
                 injected_delay_s=info["injected_delay_s"]))
         losses = [info["loss"] for (_, info), ok in zip(results, finite, strict=True) if ok]

@@ -57,7 +57,8 @@ class ParameterServer(Strategy):
             RemoteShard.options(max_concurrency=2 * n + 4, max_restarts=cfg.faults.max_restarts,
                                 max_task_retries=0, **self.cluster.options(i, server=True)).remote(
                 params[lo:hi], cfg.network, i, factor, checkpoint_dir=ckpt,
-                checkpoint_every=cfg.faults.checkpoint_every, fail=cfg.faults.fail, lr=cfg.workload.lr,
+                checkpoint_every=cfg.faults.checkpoint_every, fail=cfg.faults.fail,
+                compression=cfg.compression, lr=cfg.workload.lr,
                 sync=self.sync, workers=n, backup=cfg.ps.backup_workers, max_updates=cfg.steps,
                 skip_nan=cfg.faults.on_nan == "skip")
             for i, (lo, hi) in enumerate(self.bounds)

@@ -166,7 +166,8 @@ class ShardActor:
 
     def __init__(self, params: np.ndarray, net: NetworkConfig, rank: int, logical_factor: float,
                  checkpoint_dir: str | None = None, checkpoint_every: int = 0, fail: str = "none",
-                 **state: Any) -> None:
+                 compression: str = "none", **state: Any) -> None:
+        from testbed.compression import Compressor, parse_compression
         from testbed.faults import FaultPlan, parse_faults
         from testbed.worker import _restarted
 
@@ -174,6 +175,9 @@ class ShardActor:
         self.rank = rank
         self.endpoint = Endpoint(net, f"ps{rank}")
         self.logical_bytes = int(params.size * 4 * logical_factor)
+        self.factor = logical_factor
+        spec = parse_compression(compression)
+        self.decompressor = Compressor(spec, params.size) if spec.kind != "none" else None
         self.t_created = time.time()
         self.dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.every = checkpoint_every
@@ -212,7 +216,9 @@ class ShardActor:
 
     def push(self, grad: np.ndarray, version_read: int, worker: int, iteration: int, loss: float,
              departure: float | None, epoch: int = 0) -> dict[str, Any]:
-        self.endpoint.receive(self.logical_bytes, departure)
+        self.endpoint.receive(int(grad.nbytes * self.factor), departure)
+        if self.decompressor is not None:
+            grad = self.decompressor.decompress(grad)
         if self.faults.due(self.state.version) == "kill":
             os._exit(1)  # injected shard death, about to apply this version
         ack = self.state.push(grad, version_read, worker, iteration, loss, epoch)

@@ -40,13 +40,17 @@ class PSWorker(WorkerBase):
         grad, info = self.compute(iteration)
         t_pushing = time.time()
         refs = []
+        sent = 0
         for shard, (lo, hi), v in zip(self.shards, self.bounds, versions, strict=True):
-            departure = self.endpoint.send(int((hi - lo) * 4 * self.logical_factor))
-            refs.append(shard.push.remote(grad[lo:hi], v, self.rank, iteration, info["loss"], departure, epoch))
+            payload = self.outgoing(grad, lo, hi)
+            nbytes = int(payload.nbytes * self.logical_factor)
+            sent += nbytes
+            departure = self.endpoint.send(nbytes)
+            refs.append(shard.push.remote(payload, v, self.rank, iteration, info["loss"], departure, epoch))
         acks = ray.get(refs, timeout=timeout)
         t_done = time.time()
         self.span("send", t_pushing, t_done)
         k = int(self.workload.numel * 4 * self.logical_factor)
         return {**info, "t_start": t0, "versions": versions, "acks": acks, "server_wait_s": server_wait,
                 "comm_s": max(0.0, t_pulled - t0 - server_wait) + (t_done - t_pushing),
-                "bytes_sent": k, "bytes_recv": k, "t_end": t_done}
+                "bytes_sent": sent, "bytes_recv": k, "t_end": t_done}
