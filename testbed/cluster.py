@@ -1,7 +1,9 @@
 """The only place that starts or stops Ray: resources, placement, GPUs.
 
-Embedded mode (no --address, no RAY_ADDRESS) starts a private local Ray bound to 127.0.0.1 with
-the dashboard off and token authentication left on. With --address (or RAY_ADDRESS) the same
+Embedded mode (no --address, no RAY_ADDRESS) starts a private local Ray with the dashboard off
+and token authentication left on. Ray 2.60 offers no loopback-only binding (it resolves
+127.0.0.1 to the node's address and its gRPC servers listen on every interface), so the token
+is what guards the local instance; we never turn it off. With --address (or RAY_ADDRESS) the same
 code attaches to a running cluster and never makes this node listen anywhere.
 
 Every actor of a run is placed through one placement group: bundle i is actor i (workers first,
@@ -145,7 +147,7 @@ class Cluster:
                 if address is None:
                     ray.init(
                         num_cpus=os.cpu_count() or 1, include_dashboard=False,
-                        _node_ip_address="127.0.0.1", configure_logging=False,
+                        configure_logging=False,
                         log_to_driver=True,
                     )
                 else:

@@ -133,8 +133,7 @@ def _start_ray(points: list[Point]) -> bool:
     address = addresses.pop() or os.environ.get("RAY_ADDRESS") or None
     try:
         if address is None:
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False,
-                     _node_ip_address="127.0.0.1")
+            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False)
         else:
             ray.init(address=address, include_dashboard=False, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:

@@ -21,12 +21,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """One local Ray per test module: localhost, dashboard off, explicit CPUs."""
+    """One local Ray per test module: dashboard off, token auth on, explicit CPUs."""
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
     ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, configure_logging=False,
-             _node_ip_address="127.0.0.1", log_to_driver=False)
+             log_to_driver=False)
     yield
     ray.shutdown()
