@@ -67,7 +67,10 @@ class RingPeer(WorkerBase):
         self.compressors: dict[int, Compressor] = {}  # top-k: one residual per bucket
         self.groups = groups_of_size(self.n, config.ring.node_size or self.n)
         self._schedules: dict[int, list] = {}
-        self._snapshot: tuple[int, Any] | None = None  # (iteration, params before it)
+        self._snapshot: tuple[int, Any] | None = None  # (iteration, params before its update)
+        # only the object-store ring is rebuilt after a death (allreduce/strategy.py)
+        self._recoverable = (not library and config.ring.transport == "object-store"
+                             and config.faults.max_restarts > 0)
         self.attempt = 0
         self._poison = False  # injected NaN fault for this step
 
@@ -172,7 +175,6 @@ class RingPeer(WorkerBase):
         fault = self.inject(iteration)
         self.attempt = attempt  # tags carry it: messages of an aborted attempt never match
         self._poison = fault == "nan"
-        self._snapshot = (iteration, self.workload.get_params())
         delay = self.straggle(iteration, 0.0)
         batch = self.workload.batch(self.rank, iteration)
         bucket_s = [0.0] * len(self.buckets)
@@ -196,6 +198,8 @@ class RingPeer(WorkerBase):
         # a NaN anywhere reaches every peer's sum alike, so all peers skip the same update
         finite = is_finite(to_numpy(grad))
         if finite:
+            if self._recoverable:  # what a rollback returns to; its copy is part of apply_s
+                self._snapshot = (iteration, self.workload.get_params())
             self.workload.apply_update(grad, self.config.workload.lr)
         elif self.config.faults.on_nan == "stop":
             raise NonFiniteGradient(f"step {iteration}: the summed gradient is not finite (--on-nan stop)")
