@@ -91,11 +91,3 @@ def straggler_attribution(steps: pd.DataFrame) -> dict[int, dict[str, float]]:
     frame = pd.DataFrame({"worker": steps["worker"], "lag": lag, "wait": steps["wait_s"]})
     means = frame.groupby("worker")[["lag", "wait"]].mean()
     return {int(w): {"ready_lag_s": float(r["lag"]), "wait_s": float(r["wait"])} for w, r in means.iterrows()}
-
-
-def time_split(steps: pd.DataFrame) -> dict[str, float]:
-    """Mean seconds per worker iteration in each phase (for the human table)."""
-    if len(steps) == 0:
-        return {"compute": 0.0, "comm": 0.0, "wait": 0.0}
-    return {"compute": float((steps["compute_s"] + steps["injected_delay_s"]).mean()),
-            "comm": float(steps["comm_s"].mean()), "wait": float(steps["wait_s"].mean())}

@@ -1,4 +1,4 @@
-"""Tests for testbed.metrics: summarize() and time_split() on small literal tables.
+"""Tests for testbed.metrics: summarize() and straggler attribution on small literal tables.
 
 Every expected number below is worked out by hand in the comments next to it.
 """
@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from testbed.metrics import summarize, time_split
+from testbed.metrics import summarize
 from testbed.strategy import STEP_COLUMNS, UPDATE_COLUMNS
 
 SUMMARY_NONE_KEYS = (
@@ -167,19 +167,6 @@ def test_single_update_step_time_is_from_first_start():
     s = summarize(steps, updates, strategy="mapreduce", workers=1, status="completed")
     assert s["step_time_p50_s"] == s["step_time_p95_s"] == s["step_time_mean_s"] == pytest.approx(0.25)
     assert s["samples_per_s"] == pytest.approx(32 / 0.25)
-
-
-def test_time_split_means_per_iteration():
-    steps, _ = sync_run()
-    split = time_split(steps)
-    assert split["compute"] == pytest.approx(0.2 + 0.3 / 6)  # injected delay counts as compute
-    assert split["comm"] == pytest.approx(0.1)
-    assert split["wait"] == pytest.approx(0.6 / 6)
-
-
-def test_time_split_empty():
-    steps, _ = frames([], [])
-    assert time_split(steps) == {"compute": 0.0, "comm": 0.0, "wait": 0.0}
 
 
 def test_straggler_attribution_names_the_late_worker():
