@@ -56,3 +56,10 @@ def test_quiet_prints_only_the_folder(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and Path(lines[0]).is_dir()
+
+
+def test_unit_tier_family_literal_matches_the_registry():
+    from testbed import registry
+    from tests.unit.families import FAMILIES
+
+    assert registry.families() == FAMILIES

@@ -26,9 +26,8 @@ from testbed.costmodel import (
     tree_comm_s,
 )
 from testbed.network import LinkSpec, Nic
+from tests.unit.families import FAMILIES
 
-FAMILIES = {"ring": "allreduce", "allreduce-torch": "allreduce", "mapreduce": "mapreduce",
-            "ps-sync": "ps", "ps-async": "ps", "gossip": "gossip"}
 K, A, B = 100e6, 1e-3, 1e9
 
 

@@ -12,9 +12,7 @@ from testbed.compression import (
     unpack_sparse,
 )
 from testbed.config import ConfigError, RunConfig, validate, with_overrides
-
-FAMILIES = {"ring": "allreduce", "allreduce-torch": "allreduce", "mapreduce": "mapreduce",
-            "ps-sync": "ps", "ps-async": "ps", "gossip": "gossip"}
+from tests.unit.families import FAMILIES
 
 
 def _grad(n, seed=0):

@@ -22,14 +22,8 @@ from testbed.config import (
     with_overrides,
 )
 from testbed.run import parse_config
+from tests.unit.families import FAMILIES
 
-FAMILIES = {
-    "mapreduce": "mapreduce",
-    "ring": "allreduce",
-    "allreduce-torch": "allreduce",
-    "ps-sync": "ps",
-    "ps-async": "ps",
-}
 NAN, INF = float("nan"), float("inf")
 
 

@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 
 from testbed.config import ConfigError
 from testbed.run import parse_config
+from tests.unit.families import FAMILIES
 
-FAMILIES = {"mapreduce": "mapreduce", "ring": "allreduce", "allreduce-torch": "allreduce",
-            "ps-sync": "ps", "ps-async": "ps"}
 FLAGS = ["--strategy", "--workers", "--steps", "--workload", "--batch-size", "--lr", "--seed",
          "--device", "--grad-mb", "--compute-ms", "--payload", "--placement", "--timeout", "--out",
          "--straggler", "--ps-shards", "--staleness-bound", "--backup-workers", "--bucket-mb",

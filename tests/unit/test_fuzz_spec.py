@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from testbed.config import ConfigError
 from testbed.sweepspec import expand, load_spec
+from tests.unit.families import FAMILIES
 
-FAMILIES = {"mapreduce": "mapreduce", "ring": "allreduce", "ps-sync": "ps", "ps-async": "ps"}
 KEYS = st.sampled_from(["strategy", "workers", "steps", "seed", "workload", "straggler", "repeats",
                         "workload.grad_mb", "ps.shards", "network.bandwidth", "ring.overlap",
                         "nonsense", "out", "name"])

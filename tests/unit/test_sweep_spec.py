@@ -8,9 +8,7 @@ import pytest
 
 from testbed.config import ConfigError
 from testbed.sweepspec import applies, expand, flat_config, load_spec, spec_dict
-
-FAMILIES = {"mapreduce": "mapreduce", "ring": "allreduce", "allreduce-torch": "allreduce",
-            "ps-sync": "ps", "ps-async": "ps"}
+from tests.unit.families import FAMILIES
 
 BASE = """
 [base]

@@ -18,9 +18,8 @@ from testbed.gossip.topology import (
     torus_shape,
 )
 from testbed.network import LinkSpec, simulate
+from tests.unit.families import FAMILIES
 
-FAMILIES = {"ring": "allreduce", "allreduce-torch": "allreduce", "mapreduce": "mapreduce",
-            "ps-sync": "ps", "ps-async": "ps", "gossip": "gossip"}
 K, A, B = 1e6, 1e-3, 1e9
 
 
