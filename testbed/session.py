@@ -168,11 +168,14 @@ def _predictions(cfg: RunConfig, summary: dict[str, Any], steps: Any, updates: A
     grad_bytes = extra.get("grad_bytes_logical")
     if grad_bytes is None:
         return out
-    try:
+    try:  # config fixes the model; the strategy reports what it resolved (buckets, nodes, degree)
         pred = costmodel.predict(
             cfg.strategy, workers=cfg.workers, grad_bytes=grad_bytes, latency=cfg.network.latency_s,
             bandwidth=cfg.network.bandwidth_Bps, shards=cfg.ps.shards,
-            buckets=extra.get("buckets", 1), compute_s=cfg.workload.compute_ms / 1000.0)
+            buckets=extra.get("buckets", 1), compute_s=cfg.workload.compute_ms / 1000.0,
+            algorithm=cfg.ring.algorithm, node_size=extra.get("node_size"), nodes=extra.get("nodes"),
+            degree=extra.get("degree", 2), asynchronous=cfg.gossip.asynchronous,
+            compression=cfg.compression)
     except ValueError:
         return out
     out.update(pred)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed import costmodel, remote
+from testbed import remote
 from testbed.allreduce.algorithms import groups_from_nodes, groups_of_size
 from testbed.allreduce.peer import RingPeer
 from testbed.faults import NonFiniteGradient
@@ -159,20 +159,8 @@ class RingAllreduce(Strategy):
             "transport": "torch.distributed.all_reduce" if self.library else self.config.ring.transport,
             "algorithm": "library" if self.library else self.config.ring.algorithm,
             "nodes": len(self.groups),
-            **self._prediction(),
+            "node_size": max(len(g) for g in self.groups),  # the session's cost-model prediction uses both
         }
-
-    def _prediction(self) -> dict[str, Any]:
-        """The cost model for this algorithm and compression (session's default knows the ring only)."""
-        cfg = self.config
-        if not cfg.network.emulated or self.library:
-            return {}
-        return costmodel.predict(
-            "ring", workers=cfg.workers, grad_bytes=self.grad_bytes, latency=cfg.network.latency_s,
-            bandwidth=cfg.network.bandwidth_Bps, buckets=self.num_buckets,
-            compute_s=cfg.workload.compute_ms / 1000.0, algorithm=cfg.ring.algorithm,
-            node_size=max(len(g) for g in self.groups), nodes=len(self.groups),
-            compression=cfg.compression)
 
     def parameters(self) -> dict[str, np.ndarray]:
         flat = remote.get(self.peers[0].get_params.remote(), self.config.cluster.timeout_s, "parameters")

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed import costmodel, remote
+from testbed import remote
 from testbed.gossip.peer import GossipPeer
 from testbed.gossip.topology import (
     consensus_distance,
@@ -140,11 +140,6 @@ class GossipSGD(Strategy):
             "consensus_distance": self.distances,
             "consensus_distance_last": self.distances[-1] if self.distances else None,
         }
-        if cfg.network.emulated:
-            out.update(costmodel.predict(
-                "gossip", workers=cfg.workers, grad_bytes=self.grad_bytes, latency=cfg.network.latency_s,
-                bandwidth=cfg.network.bandwidth_Bps, compute_s=cfg.workload.compute_ms / 1000.0,
-                degree=self.degree, asynchronous=cfg.gossip.asynchronous, compression=cfg.compression))
         return out
 
     def parameters(self) -> dict[str, np.ndarray]:

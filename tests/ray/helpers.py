@@ -10,7 +10,8 @@ import pandas as pd
 from testbed import registry
 from testbed.cluster import Cluster
 from testbed.config import RunConfig, validate, with_overrides
-from testbed.session import servers_for
+from testbed.metrics import summarize
+from testbed.session import _predictions, servers_for
 from testbed.strategy import STEP_COLUMNS, UPDATE_COLUMNS, Recorder
 
 
@@ -33,6 +34,11 @@ def run_strategy(cfg: RunConfig, *, workdir: str | None = None) -> dict[str, Any
         extra = strategy.summary_extra()
         replicas = strategy.replica_parameters() if hasattr(strategy, "replica_parameters") else None
     flat = np.concatenate([np.asarray(v).ravel() for v in params.values()])
-    return {"flat": flat, "params": params, "extra": {**rec.extra, **extra}, "replicas": replicas,
-            "steps": pd.DataFrame(rec.steps, columns=list(STEP_COLUMNS)),
-            "updates": pd.DataFrame(rec.updates, columns=list(UPDATE_COLUMNS))}
+    steps = pd.DataFrame(rec.steps, columns=list(STEP_COLUMNS))
+    updates = pd.DataFrame(rec.updates, columns=list(UPDATE_COLUMNS))
+    extra = {**rec.extra, **extra}
+    # the cost-model prediction, as testbed.session adds it to summary.json
+    summary = summarize(steps, updates, strategy=cfg.strategy, workers=cfg.workers, status="completed")
+    extra.update(_predictions(cfg, summary, steps, updates, extra))
+    return {"flat": flat, "params": params, "extra": extra, "replicas": replicas,
+            "steps": steps, "updates": updates}
