@@ -10,7 +10,10 @@ before timing, each method's result is checked once against the numpy sum (a mis
 
 Methods (each one full allreduce-equivalent round on the same actors):
   ring-objstore  our ring (ring.py schedule, peer.py ring_allreduce) over the object-store
-                 transport: each chunk is a `deliver` actor call to the right neighbour.
+                 transport: each chunk goes through a shared-memory Ray channel to the right
+                 neighbour (channels.py), zero-copy on the receiving side.
+  ring-calls     the same ring with one `deliver` actor call per chunk (the object-store
+                 transport without channels), to show what a Ray call per message costs.
   ring-torch     the same ring over torch.distributed isend/recv (gloo point-to-point).
   gloo           torch.distributed.all_reduce with gloo in the same process group: the
                  library baseline every ratio is taken against.
@@ -30,11 +33,16 @@ Definitions (as in nccl-tests, doc/PERFORMANCE.md):
   ratio  time / gloo's time for the same (N, size); > 1 is slower than gloo.
   cpu    median CPU-seconds one round costs, summed over the processes doing it (workers'
          whole processes during the op, the PS shard, the MapReduce driver; not Ray's daemons).
-         With C cores, time >= cpu / C: where time is close to that, the method is CPU-bound.
+         With C cores, time >= cpu / C (the "CPU floor"): where time is close to that, the
+         method is CPU-bound.
 
 Latency check: a 4 KiB ping-pong between ranks 0 and 1 through the object-store transport's
-exchange (the `deliver` path a ring step uses); one hop = RTT/2 (median). The ring's time at
-the smallest size is compared with 2(N-1) hops, the alpha term of the ring's cost model.
+exchange, over a channel pair (ring-objstore's path) and over actor calls (ring-calls'); one
+hop = RTT/2 (median). Each ring's time at the smallest size is compared with 2(N-1) hops on
+its own path, the alpha term of the ring's cost model. "idle": ranks 0 and 1 ping while the
+other N-2 peers wait (the target's definition); "loaded": every pair (0,1), (2,3), ... pings
+at once, so all N peers are busy as in a ring step. On fewer cores than peers the ring's
+steps also queue for the CPU, so the line adds its CPU floor (cpu / cores).
 
 Numbers are what this machine does: N workers share its cores (one torch thread each), so
 they measure contention honestly, not a cluster. Sizes parse like every size flag (4KB = 4000
@@ -197,21 +205,27 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def latency_entry(n: int, hops: list[float], rows: list[dict[str, Any]]) -> dict[str, Any]:
+def latency_entry(n: int, hops: list[float], rows: list[dict[str, Any]],
+                  method: str = "ring-objstore", loaded: bool = False) -> dict[str, Any]:
+    """`method`'s time at its smallest size against 2(N-1) one-hop pings over the same path,
+    pinged by one pair of ranks (idle) or by every pair at once (loaded)."""
     hop = float(np.median(hops))
-    small = min((r for r in rows if r["workers"] == n and r["method"] == "ring-objstore"),
+    small = min((r for r in rows if r["workers"] == n and r["method"] == method),
                 key=lambda r: r["size_bytes"])
     bound = 2 * (n - 1) * hop
-    return {"workers": n, "hop_samples_s": hops, "hop_s": hop, "ring_size_bytes": small["size_bytes"],
-            "ring_s": small["median_s"], "hops_s": bound, "ratio": small["median_s"] / bound}
+    return {"workers": n, "method": method, "hop_load": "loaded" if loaded else "idle",
+            "hop_samples_s": hops, "hop_s": hop,
+            "ring_size_bytes": small["size_bytes"], "ring_s": small["median_s"], "hops_s": bound,
+            "ratio": small["median_s"] / bound,
+            "cpu_floor_s": small["cpu_s_median"] / (os.cpu_count() or 1)}
 
 
 def format_latency(lat: dict[str, Any]) -> str:
     n = lat["workers"]
-    return (f"latency N={n}: ring-objstore {format_bytes(lat['ring_size_bytes'])} "
-            f"{format_seconds(lat['ring_s'])} vs 2(N-1)={2 * (n - 1)} one-hop 4 KiB pings "
-            f"({format_seconds(lat['hop_s'])} each) = {format_seconds(lat['hops_s'])}: "
-            f"{lat['ratio']:.2f}x")
+    return (f"latency N={n}: {lat['method']} {format_bytes(lat['ring_size_bytes'])} "
+            f"{format_seconds(lat['ring_s'])} vs 2(N-1)={2 * (n - 1)} one-hop 4 KiB pings on its path, "
+            f"{lat['hop_load']} ({format_seconds(lat['hop_s'])} each) = {format_seconds(lat['hops_s'])}: "
+            f"{lat['ratio']:.2f}x (its CPU alone needs >= {format_seconds(lat['cpu_floor_s'])} on these cores)")
 
 
 def targets(rows: list[dict[str, Any]], lats: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -225,7 +239,7 @@ def targets(rows: list[dict[str, Any]], lats: list[dict[str, Any]]) -> list[dict
         out.append({"name": f"busbw ring-objstore / gloo, N={TARGET_BUSBW_N}, {format_bytes(size)}",
                     "value": ratio, "goal": ">= 1.0", "met": ratio >= 1.0})
     for lat in lats:
-        if lat["workers"] == TARGET_LAT_N:
+        if lat["workers"] == TARGET_LAT_N and lat["method"] == "ring-objstore" and lat["hop_load"] == "idle":
             out.append({"name": f"ring latency / 2(N-1) hops, N={TARGET_LAT_N}, "
                                 f"{format_bytes(lat['ring_size_bytes'])}",
                         "value": lat["ratio"], "goal": f"<= {TARGET_LAT_RATIO}",
@@ -258,7 +272,8 @@ def run_allreduce(ns: argparse.Namespace) -> dict[str, Any]:
         for n in ns.workers:
             runner = Runner(cluster, n, seed=ns.seed, timeout=ns.timeout)
             try:
-                hops = runner.hop_latency()
+                hops = {(calls, loaded): runner.hop_latency(calls, loaded)
+                        for calls in (False, True) for loaded in (False, True)}
                 for size in ns.sizes:
                     runner.load(size)
                     found = {}
@@ -272,7 +287,9 @@ def run_allreduce(ns: argparse.Namespace) -> dict[str, Any]:
                     for r in found.values():
                         r["ratio_to_gloo"] = r["median_s"] / found["gloo"]["median_s"]
                         rows.append(r)
-                lats.append(latency_entry(n, hops, rows))
+                for (calls, loaded), samples in hops.items():
+                    lats.append(latency_entry(n, samples, rows, "ring-calls" if calls else "ring-objstore",
+                                              loaded))
                 gate_retries = runner.retries
             finally:
                 ours += runner.close()

@@ -25,14 +25,16 @@ from typing import Any
 import numpy as np
 import ray
 
+from testbed.allreduce.channels import Link, Outgoing
 from testbed.allreduce.peer import ObjectStoreTransport, RingPeer, ring_allreduce
 from testbed.cluster import Cluster
 from testbed.config import ClusterConfig, RunConfig, WorkloadConfig
 from testbed.remote import RemoteTimeout, get, kill_all
 from testbed.worker import limit_threads
 
-METHODS = ("ring-objstore", "ring-torch", "gloo", "ps", "mapreduce")
-GATED = ("ring-objstore", "ring-torch", "gloo", "ps")
+METHODS = ("ring-objstore", "ring-calls", "ring-torch", "gloo", "ps", "mapreduce")
+GATED = ("ring-objstore", "ring-calls", "ring-torch", "gloo", "ps")
+OBJSTORE = ("ring-objstore", "ring-calls")
 PING_BYTES = 4096
 PING_WARMUP, PING_REPEATS = 10, 60
 RTOL = 1e-5
@@ -143,11 +145,14 @@ class _BenchPeer(RingPeer):
         self.work = np.zeros(0, np.float32)
         self.replica = np.zeros(0, np.float32)
 
-    def connect_all(self, peers: list[Any], host: str, port: int) -> None:
-        """Object-store ring, torch process group and the torch p2p ring, all to the same peers."""
+    def connect_all(self, peers: list[Any], host: str, port: int, left_channel: Any) -> None:
+        """Object-store ring (channels, and one actor call per chunk), torch process group and
+        the torch p2p ring, all to the same peers."""
         self.peers = peers
-        self.connect_ring(peers)
+        self.connect_ring(peers, left_channel)
         self.os_transport = self.transport
+        self.call_transport = ObjectStoreTransport(self.transport.right, self.mailbox, self.timeout,
+                                                   self.endpoint, self.logical_factor)
         self.connect_torch(host, port)
         self.connect_torch_transport()
         self.torch_transport = self.transport
@@ -175,8 +180,9 @@ class _BenchPeer(RingPeer):
         arrived = time.time()
         time.sleep(max(0.0, gate - arrived))
         t0, c0 = time.time(), process_cpu_now()
-        if method == "ring-objstore":
-            ring_allreduce(self.work, self.rank, self.n, self.os_transport, tag)
+        if method in OBJSTORE:
+            transport = self.os_transport if method == "ring-objstore" else self.call_transport
+            ring_allreduce(self.work, self.rank, self.n, transport, tag)
         elif method == "ring-torch":
             ring_allreduce(torch.from_numpy(self.work), self.rank, self.n, self.torch_transport, tag)
         elif method == "gloo":
@@ -188,8 +194,8 @@ class _BenchPeer(RingPeer):
         else:
             raise ValueError(f"unknown method {method!r}")
         t1, c1 = time.time(), process_cpu_now()
-        if method == "ring-objstore":
-            self.os_transport.settle()  # surfaces failed sends; the data has already arrived
+        if method == "ring-calls":
+            self.call_transport.settle()  # surfaces failed sends; the data has already arrived
         return arrived, t0, t1, c1 - c0
 
     def mr_round(self, broadcast: np.ndarray) -> np.ndarray:
@@ -200,24 +206,43 @@ class _BenchPeer(RingPeer):
     def check(self, expected: np.ndarray, what: str) -> tuple[float, bool]:
         return max_error(self.replica if what == "replica" else self.work, expected, self.n)
 
-    def ping_rtts(self, tags: list[Any], nbytes: int) -> list[float]:
-        """Round trips to rank 1 through the object-store transport's exchange (deliver path)."""
-        transport = ObjectStoreTransport(self.peers[1], self.mailbox, self.timeout, self.endpoint,
-                                         self.logical_factor)
+    def open_ping(self, reader: Any, node: str) -> Any:
+        """A channel to this rank's ping partner, apart from the ring's links."""
+        self._ping_out = Outgoing(reader, node, PING_BYTES)
+        return self._ping_out.reader_end()
+
+    def connect_ping(self, channel: Any) -> None:
+        self.ping_link = Link(self._ping_out, channel, self.timeout, lambda: False)
+
+    def ping_rtts(self, partner: int, tags: list[Any], nbytes: int, calls: bool) -> list[float]:
+        """Round trips to `partner` through an object-store exchange: over a channel pair (the
+        path of ring-objstore's steps) or over `deliver` calls (ring-calls')."""
+        peer = self.peers[partner]
+        if calls:
+            transport = ObjectStoreTransport(peer, self.mailbox, self.timeout, self.endpoint, self.logical_factor)
+        else:
+            transport = ObjectStoreTransport(peer, self.mailbox, self.timeout, self.endpoint,
+                                             self.logical_factor, link=self.ping_link)
         chunk = np.ones(nbytes // 4, dtype=np.float32)
         rtts = []
         for tag in tags:
             t0 = time.perf_counter()
-            transport.exchange(tag, chunk, chunk.size)  # send to rank 1, wait for its echo
+            got = transport.exchange(tag, chunk, chunk.size)  # send to rank 1, wait for its echo
             rtts.append(time.perf_counter() - t0)
+            del got  # frees the channel buffer for the next echo
         transport.settle()
         return rtts
 
-    def echo(self, tags: list[Any]) -> None:
+    def echo(self, partner: int, tags: list[Any], calls: bool) -> None:
         sends = []
         for tag in tags:
-            payload, _ = self.mailbox.take(tag, self.timeout)
-            sends.append(self.peers[0].deliver.remote(tag, payload, None))
+            if calls:
+                payload, _ = self.mailbox.take(tag, self.timeout)
+                sends.append(self.peers[partner].deliver.remote(tag, payload, None))
+            else:
+                _, payload = self.ping_link.recv(tag)
+                self.ping_link.send(tag, None, np.array(payload))  # no view held across a send
+                del payload
         get(sends, self.timeout, "echo sends")
 
 
@@ -244,7 +269,15 @@ class Runner:
                                   .remote(cfg, rank=r, cpus=opts["num_cpus"]))
             self.server = SumServer.options(max_concurrency=n + 2, **cluster.options(0, server=True)).remote(n)
             host, port = get(self.peers[0].rendezvous.remote(), timeout, "rendezvous")
-            get([p.connect_all.remote(self.peers, host, port) for p in self.peers], timeout,
+            p = self.peers
+            nodes = get([x.node_id.remote() for x in p], timeout, "node ids")
+            outs = get([x.open_link.remote(p[(r + 1) % n], nodes[(r + 1) % n]) for r, x in enumerate(p)],
+                       timeout, "ring channels")
+            mates = [r ^ 1 for r in range(n - n % 2)]  # ping partners: (0,1), (2,3), ...
+            pings = get([p[r].open_ping.remote(p[m], nodes[m]) for r, m in enumerate(mates)], timeout,
+                        "ping channels")
+            get([p[r].connect_ping.remote(pings[m]) for r, m in enumerate(mates)], timeout, "ping")
+            get([x.connect_all.remote(p, host, port, outs[(r - 1) % n]) for r, x in enumerate(p)], timeout,
                 f"wiring {n} peers (object-store ring + torch process group)")
         except BaseException:
             self.close()
@@ -264,12 +297,18 @@ class Runner:
             self.server = None
         return used
 
-    def hop_latency(self) -> list[float]:
-        """One-hop latencies (RTT/2) of a 4 KiB ping between ranks 0 and 1."""
-        tags = [("ping", i) for i in range(PING_WARMUP + PING_REPEATS)]
-        rtts, _ = get([self.peers[0].ping_rtts.remote(tags, PING_BYTES), self.peers[1].echo.remote(tags)],
-                      self.timeout, "4 KiB ping between ranks 0 and 1")
-        return [x / 2 for x in rtts[PING_WARMUP:]]
+    def hop_latency(self, calls: bool = False, loaded: bool = False) -> list[float]:
+        """One-hop latencies (RTT/2) of 4 KiB pings over a channel pair, or over actor calls
+        with `calls`: between ranks 0 and 1 alone, or with `loaded` between every pair
+        (0,1), (2,3), ... at once, so every peer is busy as in a ring step (all samples)."""
+        pairs = range(0, self.n - 1, 2) if loaded else [0]
+        tags = [("ping", calls, loaded, i) for i in range(PING_WARMUP + PING_REPEATS)]
+        refs = []
+        for a in pairs:
+            refs += [self.peers[a].ping_rtts.remote(a + 1, tags, PING_BYTES, calls),
+                     self.peers[a + 1].echo.remote(a, tags, calls)]
+        out = get(refs, self.timeout, f"4 KiB pings between {len(pairs)} pair(s) of ranks")
+        return [x / 2 for rtts in out[::2] for x in rtts[PING_WARMUP:]]
 
     def load(self, nbytes: int) -> Any:
         get([p.load.remote(nbytes, self.seed) for p in self.peers], self.timeout, "buffer setup")

@@ -38,6 +38,7 @@ def ring_allreduce(buf: Any, rank: int, n: int, transport: Any, tag: Any, wire: 
                 buf[r0:r1] += incoming
             else:
                 buf[r0:r1] = incoming
+            del got, incoming  # may pin a channel buffer the left peer's next send needs
     wire.round(buf)  # the owner's chunk too, so every replica holds the same values
     return sent
 
@@ -75,6 +76,7 @@ def sparse_ring_allgather(packed: np.ndarray, rank: int, n: int, transport: Any,
     pieces: list[Any] = [None] * n
     pieces[rank] = current = packed
     for i in range(n - 1):
-        current = np.asarray(like(transport.exchange((tag, "sg", i), current, len(packed)), packed))
+        # a copy: the received view pins the channel buffer, and every piece is kept
+        current = np.array(like(transport.exchange((tag, "sg", i), current, len(packed)), packed))
         pieces[(rank - i - 1) % n] = current
     return pieces

@@ -28,6 +28,7 @@ import numpy as np
 import ray
 
 from testbed.allreduce.algorithms import bytes_moved, groups_of_size, schedule
+from testbed.allreduce.channels import Link, Outgoing
 from testbed.allreduce.collectives import ring_allreduce, run_schedule, sparse_ring_allgather
 from testbed.allreduce.ring import make_buckets, ring_neighbours
 from testbed.allreduce.transport import (
@@ -40,12 +41,28 @@ from testbed.allreduce.transport import (
 )
 from testbed.compression import Compressor, parse_compression, unpack_sparse
 from testbed.faults import NonFiniteGradient, is_finite, poison
-from testbed.remote import RemoteTimeout
+from testbed.remote import RemoteTimeout, get
 from testbed.worker import WorkerBase
 
-__all__ = ["Mailbox", "ObjectStoreTransport", "RingPeer", "TorchTransport", "ring_allreduce"]
+__all__ = ["Mailbox", "ObjectStoreTransport", "RingPeer", "TorchTransport", "ring_allreduce", "wire_ring"]
 
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+def wire_ring(peers: list[Any], timeout: float, nbytes: int | None = None) -> None:
+    """Connect RingPeer actors into an object-store ring with a channel per link (channels.py).
+
+    Two phases, because Ray lets only a channel's writer create it: every peer opens the
+    channel to its right neighbour, then every peer takes its left neighbour's. Called again
+    after a peer restarts: every link is new, so nothing of an aborted attempt is read.
+    """
+    n = len(peers)
+    outs: list[Any] = [None] * n
+    if n > 1:
+        nodes = get([p.node_id.remote() for p in peers], timeout, "peer node ids")
+        outs = get([p.open_link.remote(peers[(r + 1) % n], nodes[(r + 1) % n], nbytes)
+                    for r, p in enumerate(peers)], timeout, "ring channels")
+    get([p.connect_ring.remote(peers, outs[(r - 1) % n]) for r, p in enumerate(peers)], timeout, "ring wiring")
 
 
 class RingPeer(WorkerBase):
@@ -80,10 +97,26 @@ class RingPeer(WorkerBase):
         delivery = self.endpoint.delivery(int(payload.nbytes * self.logical_factor), departure)
         self.mailbox.put(tag, (payload, delivery))
 
-    def connect_ring(self, peers: list[Any]) -> None:
+    def open_link(self, right: Any, right_node: str, nbytes: int | None = None) -> Any:
+        """Create the channel to the right neighbour (first half of `wire_ring`), sized for
+        the largest ring chunk unless `nbytes` says otherwise."""
+        if nbytes is None:
+            sizes = [int(np.prod(s, dtype=np.int64)) for _, s in self.workload.layout]
+            largest = max((sum(sizes[i] for i in b) for b in self.buckets), default=0)
+            nbytes = -(-largest // self.n) * 4
+        self._outgoing = Outgoing(right, right_node, nbytes)
+        return self._outgoing.reader_end()
+
+    def connect_ring(self, peers: list[Any], left_channel: Any = None) -> None:
+        """Object-store transport to the ring neighbours; `left_channel` (the left peer's
+        `open_link`) carries the ring's chunks, else each chunk is a `deliver` call."""
         _, right = ring_neighbours(self.rank, self.n)
-        self.transport = ObjectStoreTransport(peers[right], self.mailbox, self.config.cluster.timeout_s,
-                                              self.endpoint, self.logical_factor, peers=peers, rank=self.rank)
+        t = self.config.cluster.timeout_s
+        link = None
+        if left_channel is not None:
+            link = Link(self._outgoing, left_channel, t, lambda: self.mailbox.aborted)
+        self.transport = ObjectStoreTransport(peers[right], self.mailbox, t, self.endpoint,
+                                              self.logical_factor, peers=peers, rank=self.rank, link=link)
 
     def node_id(self) -> str:
         """The Ray node this peer runs on (hierarchical groups peers by node)."""

@@ -28,7 +28,7 @@ import ray
 
 from testbed import remote
 from testbed.allreduce.algorithms import groups_from_nodes, groups_of_size
-from testbed.allreduce.peer import RingPeer
+from testbed.allreduce.peer import RingPeer, wire_ring
 from testbed.faults import NonFiniteGradient
 from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
 from testbed.workloads.base import unflatten
@@ -56,9 +56,10 @@ class RingAllreduce(Strategy):
             host, port = remote.get(self.peers[0].rendezvous.remote(), t, "rendezvous")
             remote.get([p.connect_torch.remote(host, port) for p in self.peers], t, "torch.distributed init")
         if not self.library:
-            remote.get([p.connect_ring.remote(self.peers) for p in self.peers], t, "ring wiring")
-            if cfg.ring.transport == "torch":  # connect_ring set object-store; torch wins
+            if cfg.ring.transport == "torch":
                 remote.get([p.connect_torch_transport.remote() for p in self.peers], t, "transport")
+            else:
+                wire_ring(self.peers, t)
         self.groups = self._node_groups()
         self.layout = remote.get(self.peers[0].layout.remote(), t, "layout")
         self.num_buckets = remote.get(self.peers[0].num_buckets.remote(), t, "buckets")
@@ -138,7 +139,7 @@ class RingAllreduce(Strategy):
         params = remote.get(self.peers[live[0]].get_params.remote(), t, "survivor parameters")
         ref = ray.put(params)
         remote.get([self.peers[i].set_params.remote(ref) for i in dead], t, "parameter re-sync")
-        remote.get([p.connect_ring.remote(self.peers) for p in self.peers], t, "ring re-wiring")
+        wire_ring(self.peers, t)
         if self.config.ring.algorithm == "hierarchical":
             remote.get([self.peers[i].set_groups.remote(self.groups) for i in dead], t, "node groups")
         for i in dead:

@@ -8,7 +8,9 @@ Two calls serve every schedule:
   until its message is there. `flush()` ends a round (torch: the round's sends are complete),
   `settle()` ends a step (object store: surface failures of the step's sends).
 
-object-store: `peer.deliver.remote(key, chunk, departure)` puts the chunk in Ray's object store
+object-store: the ring's `exchange` writes into a shared-memory channel to the right
+neighbour and reads the left one's (`channels.py`: no RPC per chunk on one node). Any-pair
+sends are `peer.deliver.remote(key, chunk, departure)`, which puts the chunk in Ray's object store
 (small ones travel inline) and runs `deliver` on one of the receiver's spare actor threads,
 which files it in the receiver's `Mailbox` under `key`; the receiving thread takes it by key.
 Pairwise keys are ("p2p", sender, tag), so one mailbox serves all peers. Works across nodes.
@@ -61,6 +63,10 @@ class Mailbox:
                 raise StepAborted(f"message {tag}: the step was aborted (a peer died)")
             return self._box.pop(tag)
 
+    @property
+    def aborted(self) -> bool:
+        return self._aborted
+
     def abort(self) -> None:
         """Wake every waiting take() with StepAborted (the driver is recovering a dead peer)."""
         with self._cv:
@@ -75,16 +81,28 @@ class Mailbox:
 
 
 class ObjectStoreTransport:
+    """Ray's object store: the ring's `exchange` over a shared-memory channel `link` when one is
+    wired (`channels.py`), else over one `deliver` actor call per chunk; `send_to`/`recv_from`
+    (any pair of peers) always over actor calls."""
+
     def __init__(self, right: Any, mailbox: Mailbox, timeout: float, endpoint: Endpoint,
-                 logical_factor: float, peers: list[Any] | None = None, rank: int = -1) -> None:
+                 logical_factor: float, peers: list[Any] | None = None, rank: int = -1,
+                 link: Any = None) -> None:
         self.right, self.mailbox, self.timeout = right, mailbox, timeout
         self.endpoint, self.factor = endpoint, logical_factor
-        self.peers, self.rank = peers or [], rank
+        self.peers, self.rank, self.link = peers or [], rank, link
         self.inflight: list[Any] = []
 
     def exchange(self, tag: Any, send: Any, recv_numel: int) -> np.ndarray:
+        """Send to the right neighbour, return what the left one sent under `tag`. The result
+        may be a view of a channel buffer: drop it before the next exchange (channels.py)."""
         chunk = to_numpy(send)
         departure = self.endpoint.send(int(chunk.nbytes * self.factor))
+        if self.link is not None:
+            self.link.send(tag, departure, chunk)
+            departure, payload = self.link.recv(tag)
+            self.endpoint.receive(int(payload.nbytes * self.factor), departure)
+            return payload
         self.inflight.append(self.right.deliver.remote(tag, chunk, departure))
         payload, delivery = self.mailbox.take(tag, self.timeout)
         sleep_until(delivery)

@@ -1,6 +1,7 @@
 """The allreduce benchmark end to end (tiny): every method runs, is verified and timed; bad input exits 2."""
 
 import json
+import os
 
 import pytest
 import ray
@@ -27,8 +28,12 @@ def test_bench_allreduce_writes_every_method_verified(tmp_path, capsys):
         assert r["cpu_s_median"] > 0  # CPU-seconds the round cost its processes
         assert r["busbw_Bps"] == pytest.approx(r["algbw_Bps"])  # 2(N-1)/N = 1 at N=2
     assert rows["gloo"]["ratio_to_gloo"] == pytest.approx(1.0)
-    (lat,) = doc["latency"]
-    assert lat["workers"] == 2 and lat["hop_s"] > 0 and lat["ratio"] > 0
+    lats = {(x["method"], x["hop_load"]): x for x in doc["latency"]}
+    assert set(lats) == {(m, load) for m in ("ring-objstore", "ring-calls") for load in ("idle", "loaded")}
+    for lat in lats.values():
+        assert lat["workers"] == 2 and lat["hop_s"] > 0 and lat["ratio"] > 0
+        assert lat["ring_s"] == pytest.approx(rows[lat["method"]]["median_s"])
+        assert 0 < lat["cpu_floor_s"] == pytest.approx(rows[lat["method"]]["cpu_s_median"] / os.cpu_count())
     text = capsys.readouterr().out
     assert "machine:" in text and "ring-objstore" in text and "latency N=2" in text
 

@@ -91,7 +91,8 @@ def test_async_fast_workers_keep_their_pace_next_to_a_straggler():
         span = (s["t_start"] + s["compute_s"] + s["comm_s"]).max() - s["t_start"].min()
         return len(s) / span
 
-    assert fast_rate(slow) == pytest.approx(fast_rate(free), rel=0.15)
+    # not held back; they may even run faster, since the sleeping straggler frees a shared core
+    assert fast_rate(slow) >= 0.85 * fast_rate(free)
 
 
 def test_same_seed_same_injected_delays():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import ray
 
-from testbed.allreduce.peer import RingPeer, ring_allreduce
+from testbed.allreduce.peer import RingPeer, ring_allreduce, wire_ring
 from testbed.allreduce.ring import bytes_sent_per_rank, ideal_bytes_sent
 from tests.ray.helpers import make_config, run_strategy
 
@@ -21,6 +21,15 @@ class _Probe(RingPeer):
         self.transport.settle()
         return buf, sent
 
+    def link_exchange(self, send_tag: str, expect_tag: str) -> str:
+        """Send under one tag, expect another: the schedule check of channels.Link."""
+        self.transport.link.send(send_tag, None, np.ones(4, np.float32))
+        try:
+            self.transport.link.recv(expect_tag)
+        except RuntimeError as exc:
+            return str(exc)
+        return "no error"
+
     def allreduce_torch(self, buf: np.ndarray, tag: str) -> tuple[np.ndarray, int]:
         import torch
 
@@ -29,13 +38,17 @@ class _Probe(RingPeer):
         return t.numpy(), sent
 
 
-@pytest.mark.parametrize("transport", ["object-store", "torch"])
+@pytest.mark.parametrize("transport", ["object-store", "actor-calls", "torch"])
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
 def test_actor_ring_equals_numpy_sum(n, transport):
+    # object-store: chunks over shared-memory channels; actor-calls: one `deliver` per chunk
     cfg = make_config(strategy="ring", workers=n, **{"workload.name": "synthetic", "workload.grad_mb": 0.001})
     peers = [_Probe.options(num_cpus=0.1, max_concurrency=4).remote(cfg, rank=r) for r in range(n)]
     try:
-        ray.get([p.connect_ring.remote(peers) for p in peers], timeout=60)
+        if transport == "object-store":
+            wire_ring(peers, 60)
+        else:
+            ray.get([p.connect_ring.remote(peers) for p in peers], timeout=60)
         if transport == "torch" and n > 1:
             host, port = ray.get(peers[0].rendezvous.remote(), timeout=60)
             ray.get([p.connect_torch.remote(host, port) for p in peers], timeout=60)
@@ -49,6 +62,28 @@ def test_actor_ring_equals_numpy_sum(n, transport):
             for r, (res, sent) in enumerate(outs):
                 np.testing.assert_allclose(res, expected, rtol=1e-5, atol=1e-5)
                 assert sent == bytes_sent_per_rank(length, n, 4, r)
+    finally:
+        for p in peers:
+            ray.kill(p)
+
+
+def test_channels_grow_for_larger_chunks_and_check_the_schedule():
+    # channels start at 64 KiB (channels.MIN_BYTES): 1.2 MB buffers make Ray grow every link
+    n = 3
+    cfg = make_config(strategy="ring", workers=n, **{"workload.name": "synthetic", "workload.grad_mb": 0.001})
+    peers = [_Probe.options(num_cpus=0.1, max_concurrency=4).remote(cfg, rank=r) for r in range(n)]
+    try:
+        wire_ring(peers, 60)
+        rng = np.random.default_rng(7)
+        for length in (300_001, 300_001, 17, 600_000):  # grow, reuse, shrink, grow again
+            bufs = [rng.standard_normal(length).astype(np.float32) for _ in range(n)]
+            outs = ray.get([p.allreduce.remote(b, f"g{length}") for p, b in zip(peers, bufs, strict=True)],
+                           timeout=120)
+            for res, _ in outs:
+                np.testing.assert_allclose(res, np.sum(np.stack(bufs), axis=0), rtol=1e-5, atol=1e-5)
+        errors = ray.get([p.link_exchange.remote(f"t{r}", f"t{(r - 1) % n}x") for r, p in enumerate(peers)],
+                         timeout=60)
+        assert all("ring link out of step: expected message" in e for e in errors), errors
     finally:
         for p in peers:
             ray.kill(p)
