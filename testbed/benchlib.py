@@ -36,7 +36,7 @@ METHODS = ("ring-objstore", "ring-calls", "ring-torch", "gloo", "ps", "mapreduce
 GATED = ("ring-objstore", "ring-calls", "ring-torch", "gloo", "ps")
 OBJSTORE = ("ring-objstore", "ring-calls")
 PING_BYTES = 4096
-PING_WARMUP, PING_REPEATS = 10, 60
+PING_WARMUP, PING_REPEATS = 30, 60
 RTOL = 1e-5
 
 
