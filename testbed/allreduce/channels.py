@@ -72,8 +72,8 @@ class Signal:
     """A one-way "look again" hint between two processes of one node: a FIFO of bytes.
 
     The creating side opens it read-write (so neither side ever blocks or fails opening it),
-    `attach` opens the other side and removes the name. A spare byte costs one retry of the
-    channel operation; a missing one cannot happen, as a byte is written after every change.
+    `attach` opens the other side and removes the name. Bytes are counted one for one with
+    messages (or releases), so the channel operation after a taken byte finds its change.
     """
 
     def __init__(self) -> None:
@@ -86,6 +86,14 @@ class Signal:
         fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
         os.unlink(path)  # both sides are open: the name is no longer needed
         return fd
+
+    def close(self) -> None:
+        """Close our side; remove the name if the other side never attached."""
+        os.close(self.fd)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
 
 
 def notify(fd: int | None) -> None:
@@ -133,6 +141,11 @@ class Outgoing:
 
     def reader_end(self) -> tuple[Any, tuple[str, str] | None]:
         return self.channel, None if self.signals is None else (self.signals[0].path, self.signals[1].path)
+
+    def close(self) -> None:
+        for signal in self.signals or ():
+            signal.close()
+        self.signals = None
 
 
 def encode(tag: Any, departure: float | None, chunk: np.ndarray) -> Any:
@@ -198,6 +211,13 @@ class Link:
         self.ack_left = Signal.attach(paths[1]) if paths else None
         self._sent = 0
         self._pinned = False  # the last message read is a zero-copy view of the buffer
+
+    def close(self) -> None:
+        """Close the reader-side signals (the writer side belongs to its `Outgoing`)."""
+        for fd in (self.wakes, self.ack_left):
+            if fd is not None:
+                os.close(fd)
+        self.wakes = self.ack_left = None
 
     def _released(self) -> None:
         """The caller has dropped every view of the last message read (the contract): its

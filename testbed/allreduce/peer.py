@@ -75,6 +75,7 @@ class RingPeer(WorkerBase):
         self.library = library  # allreduce-torch: torch.distributed.all_reduce per bucket
         self.mailbox = Mailbox()
         self.transport: Any = None
+        self._outgoing: Any = None  # channels.Outgoing to the right neighbour (object-store ring)
         sizes = [int(np.prod(s, dtype=np.int64)) for _, s in self.workload.layout]
         elems = max(1, int(config.ring.bucket_mb * 2**20) // 4)
         self.buckets = make_buckets(sizes, elems)
@@ -104,8 +105,17 @@ class RingPeer(WorkerBase):
             sizes = [int(np.prod(s, dtype=np.int64)) for _, s in self.workload.layout]
             largest = max((sum(sizes[i] for i in b) for b in self.buckets), default=0)
             nbytes = -(-largest // self.n) * 4
+        self._close_links()  # re-wiring after a restart: the old links are done
         self._outgoing = Outgoing(right, right_node, nbytes)
         return self._outgoing.reader_end()
+
+    def _close_links(self) -> None:
+        link = getattr(self.transport, "link", None)
+        if link is not None:
+            link.close()
+        if self._outgoing is not None:
+            self._outgoing.close()
+            self._outgoing = None
 
     def connect_ring(self, peers: list[Any], left_channel: Any = None) -> None:
         """Object-store transport to the ring neighbours; `left_channel` (the left peer's

@@ -1,5 +1,9 @@
 """Ring allreduce on actors: peer transports equal the numpy sum; bytes follow 2K(N-1)/N."""
 
+import glob
+import os
+import tempfile
+
 import numpy as np
 import pytest
 import ray
@@ -84,6 +88,11 @@ def test_channels_grow_for_larger_chunks_and_check_the_schedule():
         errors = ray.get([p.link_exchange.remote(f"t{r}", f"t{(r - 1) % n}x") for r, p in enumerate(peers)],
                          timeout=60)
         assert all("ring link out of step: expected message" in e for e in errors), errors
+        wire_ring(peers, 60)  # as after a restart: fresh links, the old ones closed
+        bufs = [np.full(1000, r + 1.0, np.float32) for r in range(n)]
+        outs = ray.get([p.allreduce.remote(b, "rewired") for p, b in zip(peers, bufs, strict=True)], timeout=60)
+        assert all((res == n * (n + 1) / 2).all() for res, _ in outs)
+        assert not glob.glob(os.path.join(tempfile.gettempdir(), "testbed-link-*"))  # names removed
     finally:
         for p in peers:
             ray.kill(p)
