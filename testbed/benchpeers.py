@@ -1,0 +1,236 @@
+"""The allreduce benchmark's actors and data: seeded buffers, the exact answer, CPU meters,
+the bench peer (a RingPeer that allreduces a buffer by each method on command) and a one-shard
+sum server for the PS round. `benchlib.Runner` creates and drives them; `bench.py` documents
+the methods and what is measured.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import ray
+
+from testbed.allreduce.channels import Link, Outgoing
+from testbed.allreduce.peer import ObjectStoreTransport, RingPeer, ring_allreduce
+from testbed.config import RunConfig
+from testbed.remote import RemoteTimeout, get
+from testbed.worker import limit_threads
+
+METHODS = ("ring-objstore", "ring-calls", "ring-torch", "gloo", "ps", "mapreduce")  # all but mapreduce gated
+OBJSTORE = ("ring-objstore", "ring-calls")
+PING_BYTES = 4096
+RTOL = 1e-5
+
+
+def make_data(nbytes: int, seed: int, rank: int) -> np.ndarray:
+    """Worker rank's float32 buffer of nbytes/4 seeded standard-normal elements."""
+    rng = np.random.default_rng([seed, nbytes, rank])
+    return rng.standard_normal(nbytes // 4, dtype=np.float32)
+
+
+def expected_sum(nbytes: int, seed: int, n: int) -> np.ndarray:
+    """The exact answer, accumulated in float64 and rounded once."""
+    total = np.zeros(nbytes // 4, dtype=np.float64)
+    for r in range(n):
+        total += make_data(nbytes, seed, r)
+    return total.astype(np.float32)
+
+
+def max_error(result: np.ndarray, expected: np.ndarray, n: int) -> tuple[float, bool]:
+    """(max |result - expected|, within tolerance); float32 sums in another order round differently."""
+    if result.shape != expected.shape:
+        return float("inf"), False
+    if result.size == 0:
+        return 0.0, True
+    diff = np.abs(result.astype(np.float64) - expected)
+    atol = 1e-5 * n
+    ok = bool(np.all(diff <= atol + RTOL * np.abs(expected)))
+    return float(diff.max()), ok
+
+
+def system_cpu_s() -> float | None:
+    """CPU-seconds all cores have been busy since boot (Linux /proc/stat; None elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU-seconds (user + system) process pid has used; 0 if it is not on this machine."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            v = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_now() -> float:
+    """CPU-seconds this process (all its threads) has used, at nanosecond resolution."""
+    return time.process_time()
+
+
+def busy_fraction(seconds: float) -> float | None:
+    """Share of all CPUs busy over the next `seconds` (a quiet-machine check)."""
+    a = system_cpu_s()
+    time.sleep(seconds)
+    b = system_cpu_s()
+    return None if a is None or b is None else (b - a) / (seconds * (os.cpu_count() or 1))
+
+
+class _SumServer:
+    """One PS shard with sum semantics: N pushes per round are added, every pull gets the sum."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.cv = threading.Condition()
+        self.rounds: dict[Any, list[Any]] = {}  # tag -> [sum, pushes, pulls]
+
+    def push(self, tag: Any, buf: np.ndarray) -> None:
+        with self.cv:
+            state = self.rounds.setdefault(tag, [None, 0, 0])
+            if state[0] is None:
+                state[0] = np.array(buf, copy=True)  # the arrival is a read-only store view
+            else:
+                state[0] += buf
+            state[1] += 1
+            self.cv.notify_all()
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def cpu(self) -> float:
+        return process_cpu_now()
+
+    def pull(self, tag: Any, timeout: float) -> np.ndarray:
+        with self.cv:
+            if not self.cv.wait_for(lambda: self.rounds.get(tag, [None, 0])[1] >= self.n, timeout):
+                raise RemoteTimeout(f"PS round {tag}: not all {self.n} pushes arrived within {timeout:g}s")
+            state = self.rounds[tag]
+            state[2] += 1
+            if state[2] == self.n:
+                del self.rounds[tag]
+            return state[0]
+
+
+class _BenchPeer(RingPeer):
+    """A ring peer that allreduces a seeded buffer by each method on command (no training)."""
+
+    def __init__(self, config: RunConfig, rank: int, cpus: float = 1.0) -> None:
+        super().__init__(config, rank, "cpu", cpus)
+        limit_threads(cpus)  # one torch thread per worker: contention, not oversubscription
+        self.timeout = config.cluster.timeout_s
+        self.data = np.zeros(0, np.float32)
+        self.work = np.zeros(0, np.float32)
+        self.replica = np.zeros(0, np.float32)
+
+    def connect_all(self, peers: list[Any], host: str, port: int, left_channel: Any) -> None:
+        """Object-store ring (channels, and one actor call per chunk), torch process group and
+        the torch p2p ring, all to the same peers."""
+        self.peers = peers
+        self.connect_ring(peers, left_channel)
+        self.os_transport = self.transport
+        self.call_transport = ObjectStoreTransport(self.transport.right, self.mailbox, self.timeout,
+                                                   self.endpoint, self.logical_factor)
+        self.connect_torch(host, port)
+        self.connect_torch_transport()
+        self.torch_transport = self.transport
+
+    def load(self, nbytes: int, seed: int) -> None:
+        self.data = make_data(nbytes, seed, self.rank)
+        self.work = np.empty_like(self.data)
+        self.replica = np.empty_like(self.data)
+
+    def prepare(self) -> None:
+        np.copyto(self.work, self.data)  # in-place methods start from the original each time
+
+    def cpu(self) -> float:
+        return process_cpu_now()
+
+    def run(self, method: str, tag: Any, gate: float, server: Any) -> tuple[float, float, float, float]:
+        """Wait for the gate, allreduce self.work by `method`; return (arrived, start, end, cpu_s).
+
+        cpu_s is the CPU this process (ring thread and the threads running `deliver`) used
+        between start and end.
+        """
+        import torch
+        import torch.distributed as dist
+
+        arrived = time.time()
+        time.sleep(max(0.0, gate - arrived))
+        t0, c0 = time.time(), process_cpu_now()
+        if method in OBJSTORE:
+            transport = self.os_transport if method == "ring-objstore" else self.call_transport
+            ring_allreduce(self.work, self.rank, self.n, transport, tag)
+        elif method == "ring-torch":
+            ring_allreduce(torch.from_numpy(self.work), self.rank, self.n, self.torch_transport, tag)
+        elif method == "gloo":
+            dist.all_reduce(torch.from_numpy(self.work))
+        elif method == "ps":
+            pushed = server.push.remote(tag, self.work)
+            np.copyto(self.work, get(server.pull.remote(tag, self.timeout), self.timeout, "PS pull"))
+            get(pushed, self.timeout, "PS push")
+        else:
+            raise ValueError(f"unknown method {method!r}")
+        t1, c1 = time.time(), process_cpu_now()
+        if method == "ring-calls":
+            self.call_transport.settle()  # surfaces failed sends; the data has already arrived
+        return arrived, t0, t1, c1 - c0
+
+    def mr_round(self, broadcast: np.ndarray) -> np.ndarray:
+        """MapReduce worker: take the driver's broadcast into the replica, return our buffer."""
+        np.copyto(self.replica, broadcast)
+        return self.data
+
+    def check(self, expected: np.ndarray, what: str) -> tuple[float, bool]:
+        return max_error(self.replica if what == "replica" else self.work, expected, self.n)
+
+    def open_ping(self, reader: Any, node: str) -> Any:
+        """A channel to this rank's ping partner, apart from the ring's links."""
+        self._ping_out = Outgoing(reader, node, PING_BYTES)
+        return self._ping_out.reader_end()
+
+    def connect_ping(self, channel: Any) -> None:
+        self.ping_link = Link(self._ping_out, channel, self.timeout, lambda: False)
+
+    def ping_rtts(self, partner: int, tags: list[Any], nbytes: int, calls: bool) -> list[float]:
+        """Round trips to `partner` through an object-store exchange: over a channel pair (the
+        path of ring-objstore's steps) or over `deliver` calls (ring-calls')."""
+        peer = self.peers[partner]
+        if calls:
+            transport = ObjectStoreTransport(peer, self.mailbox, self.timeout, self.endpoint, self.logical_factor)
+        else:
+            transport = ObjectStoreTransport(peer, self.mailbox, self.timeout, self.endpoint,
+                                             self.logical_factor, link=self.ping_link)
+        chunk = np.ones(nbytes // 4, dtype=np.float32)
+        rtts = []
+        for tag in tags:
+            t0 = time.perf_counter()
+            got = transport.exchange(tag, chunk, chunk.size)  # send to rank 1, wait for its echo
+            rtts.append(time.perf_counter() - t0)
+            del got  # frees the channel buffer for the next echo
+        transport.settle()
+        return rtts
+
+    def echo(self, partner: int, tags: list[Any], calls: bool) -> None:
+        sends = []
+        for tag in tags:
+            if calls:
+                payload, _ = self.mailbox.take(tag, self.timeout)
+                sends.append(self.peers[partner].deliver.remote(tag, payload, None))
+            else:
+                _, payload = self.ping_link.recv(tag)
+                self.ping_link.send(tag, None, np.array(payload))  # no view held across a send
+                del payload
+        get(sends, self.timeout, "echo sends")
+
+
+BenchPeer = ray.remote(_BenchPeer)
+SumServer = ray.remote(_SumServer)
