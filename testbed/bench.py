@@ -41,7 +41,7 @@ exchange, over a channel pair (ring-objstore's path) and over actor calls (ring-
 hop = RTT/2 (median). Each ring's time at the smallest size is compared with 2(N-1) hops on
 its own path, the alpha term of the ring's cost model. "idle": ranks 0 and 1 ping while the
 other N-2 peers wait (the target's definition); "loaded": every pair (0,1), (2,3), ... pings
-at once, so all N peers are busy as in a ring step. On fewer cores than peers the ring's
+at once (N >= 4), so all peers are busy as in a ring step. On fewer cores than peers the ring's
 steps also queue for the CPU, so the line adds its CPU floor (cpu / cores).
 
 Numbers are what this machine does: N workers share its cores (one torch thread each), so
@@ -272,8 +272,9 @@ def run_allreduce(ns: argparse.Namespace) -> dict[str, Any]:
         for n in ns.workers:
             runner = Runner(cluster, n, seed=ns.seed, timeout=ns.timeout)
             try:
+                loads = (False, True) if n >= 4 else (False,)  # "loaded" needs two pairs at least
                 hops = {(calls, loaded): runner.hop_latency(calls, loaded)
-                        for calls in (False, True) for loaded in (False, True)}
+                        for calls in (False, True) for loaded in loads}
                 for size in ns.sizes:
                     runner.load(size)
                     found = {}

@@ -97,26 +97,27 @@ class Signal:
 
 
 def notify(fd: int | None) -> None:
+    """Write one signal byte. At depth one a FIFO holds at most a byte or two, so a full
+    pipe means the counts are broken: fail loudly rather than lose a wake-up."""
     if fd is not None:
-        try:
-            os.write(fd, b"!")
-        except BlockingIOError:  # a full pipe already holds plenty of hints
-            pass
+        os.write(fd, b"!")
 
 
 def take(fd: int, timeout: float, aborted: Callable[[], bool], what: str) -> None:
     """Block until one signal byte arrives on fd and consume it (one byte per message or
     release, so the channel operation after it succeeds at its first try)."""
     t0 = time.monotonic()
+    waiter = select.poll()  # not select.select: that one fails for fds >= 1024
+    waiter.register(fd, select.POLLIN)
     while True:
-        if select.select([fd], [], [], CHECK_S)[0]:
+        if aborted():
+            raise StepAborted(f"{what}: the step was aborted (a peer died)")
+        if waiter.poll(CHECK_S * 1000):
             try:
                 os.read(fd, 1)
                 return
             except BlockingIOError:  # pragma: no cover - another reader of the same fd
                 pass
-        if aborted():
-            raise StepAborted(f"{what}: the step was aborted (a peer died)")
         if time.monotonic() - t0 > timeout:
             raise RemoteTimeout(f"{what} did not complete within {timeout:g}s; "
                                 "the neighbouring peer may be dead or hung")
@@ -202,7 +203,9 @@ class Link:
                  aborted: Callable[[], bool]) -> None:
         self.out = out.channel
         self.inp, paths = left
-        self.timeout, self.aborted = timeout, aborted
+        self.timeout = timeout
+        self._closed = False
+        self.aborted = lambda: self._closed or aborted()  # a closed link stops its waiters too
         self._serialize = ray._private.worker.global_worker.get_serialization_context().serialize
         # our writes: wake the right peer, take its acks; our reads: the mirror image
         self.wake_right = out.signals[0].fd if out.signals else None
@@ -213,11 +216,13 @@ class Link:
         self._pinned = False  # the last message read is a zero-copy view of the buffer
 
     def close(self) -> None:
-        """Close the reader-side signals (the writer side belongs to its `Outgoing`)."""
+        """Close the reader-side signals (the writer side belongs to its `Outgoing`) and stop
+        using all four: a waiter still in this link sees it closed at its next check."""
+        self._closed = True
         for fd in (self.wakes, self.ack_left):
             if fd is not None:
                 os.close(fd)
-        self.wakes = self.ack_left = None
+        self.wakes = self.ack_left = self.wake_right = self.acks = None
 
     def _released(self) -> None:
         """The caller has dropped every view of the last message read (the contract): its
@@ -232,21 +237,31 @@ class Link:
         value = self._serialize(encode(tag, departure, chunk))  # once, not once per try
         size = value.total_bytes + len(value.metadata)
         capacity = getattr(getattr(self.out, "_typ", None), "buffer_size_bytes", 0)
+        t0 = time.monotonic()
         if self.acks is not None and self._sent:  # the reader has released the previous one
             take(self.acks, self.timeout, self.aborted, f"send of {tag}")
+        left = max(0.0, self.timeout - (time.monotonic() - t0))  # one timeout for the whole wait
         if size > capacity:  # growth: Ray resizes and signals the reader in one blocking call
-            self.out.write(value, timeout=self.timeout)
+            from ray.exceptions import RayChannelTimeoutError
+
+            try:
+                self.out.write(value, timeout=left)
+            except RayChannelTimeoutError:
+                raise RemoteTimeout(f"send of {tag} did not complete within {self.timeout:g}s; "
+                                    "the neighbouring peer may be dead or hung") from None
         else:
-            poll(lambda: self.out.write(value, timeout=0), self.timeout, self.aborted, f"send of {tag}")
+            poll(lambda: self.out.write(value, timeout=0), left, self.aborted, f"send of {tag}")
         self._sent += 1
         notify(self.wake_right)
 
     def recv(self, tag: Any) -> tuple[float | None, np.ndarray]:
         """(departure, chunk) of the next message, which must carry `tag`."""
         self._released()
+        t0 = time.monotonic()
         if self.wakes is not None:
             take(self.wakes, self.timeout, self.aborted, f"message {tag}")
-        message = poll(lambda: self.inp.read(timeout=0), self.timeout, self.aborted, f"message {tag}")
+        left = max(0.0, self.timeout - (time.monotonic() - t0))  # one timeout for the whole wait
+        message = poll(lambda: self.inp.read(timeout=0), left, self.aborted, f"message {tag}")
         self._pinned = not isinstance(message, bytes)
         if not self._pinned:  # a bytes message is a copy: the buffer is free already
             notify(self.ack_left)

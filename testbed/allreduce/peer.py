@@ -76,6 +76,7 @@ class RingPeer(WorkerBase):
         self.mailbox = Mailbox()
         self.transport: Any = None
         self._outgoing: Any = None  # channels.Outgoing to the right neighbour (object-store ring)
+        self._comm_thread: threading.Thread | None = None  # --overlap: this step's allreduce thread
         sizes = [int(np.prod(s, dtype=np.int64)) for _, s in self.workload.layout]
         elems = max(1, int(config.ring.bucket_mb * 2**20) // 4)
         self.buckets = make_buckets(sizes, elems)
@@ -99,13 +100,22 @@ class RingPeer(WorkerBase):
         self.mailbox.put(tag, (payload, delivery))
 
     def open_link(self, right: Any, right_node: str, nbytes: int | None = None) -> Any:
-        """Create the channel to the right neighbour (first half of `wire_ring`), sized for
-        the largest ring chunk unless `nbytes` says otherwise."""
+        """Create the channel to the right neighbour (first half of `wire_ring`); None when
+        this peer never uses the ring exchange (--algorithm other than ring).
+
+        Sized for the largest message (a dense ring chunk, or a packed top-k piece) unless
+        `nbytes` says otherwise: Ray never frees a channel's buffer, not even the one it
+        replaces when a message outgrows it, so a link should never have to grow.
+        """
+        self._close_links()  # re-wiring after a restart: the old links are done
         if nbytes is None:
+            if self.algorithm != "ring":  # (top-k, the other user of the exchange, needs the ring)
+                return None
             sizes = [int(np.prod(s, dtype=np.int64)) for _, s in self.workload.layout]
             largest = max((sum(sizes[i] for i in b) for b in self.buckets), default=0)
             nbytes = -(-largest // self.n) * 4
-        self._close_links()  # re-wiring after a restart: the old links are done
+            if self.compression.kind == "topk":
+                nbytes = max(nbytes, Compressor(self.compression, largest).payload_bytes)
         self._outgoing = Outgoing(right, right_node, nbytes)
         return self._outgoing.reader_end()
 
@@ -123,7 +133,7 @@ class RingPeer(WorkerBase):
         _, right = ring_neighbours(self.rank, self.n)
         t = self.config.cluster.timeout_s
         link = None
-        if left_channel is not None:
+        if left_channel is not None and self._outgoing is not None:
             link = Link(self._outgoing, left_channel, t, lambda: self.mailbox.aborted)
         self.transport = ObjectStoreTransport(peers[right], self.mailbox, t, self.endpoint,
                                               self.logical_factor, peers=peers, rank=self.rank, link=link)
@@ -208,6 +218,9 @@ class RingPeer(WorkerBase):
 
     def reset(self, iteration: int) -> None:
         """Forget the aborted attempt: mailbox cleared, parameters as before `iteration`."""
+        comm = self._comm_thread
+        if comm is not None and comm.is_alive():  # let it see the abort before the flag clears
+            comm.join(timeout=1.0)
         self.mailbox.reset()
         if self._snapshot is not None and self._snapshot[0] == iteration:
             self.workload.set_params(self._snapshot[1])
@@ -272,6 +285,7 @@ class RingPeer(WorkerBase):
 
         thread = threading.Thread(target=comm, name=f"ring-comm-{self.rank}", daemon=True)
         thread.start()
+        self._comm_thread = thread
         grad, loss, samples = self.workload.gradient_buckets(batch, self.buckets, lambda b, v: ready.put((b, v)))
         t_c1 = time.time()
         thread.join(timeout=self.config.cluster.timeout_s)

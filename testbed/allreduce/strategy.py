@@ -89,6 +89,8 @@ class RingAllreduce(Strategy):
                     infos = remote.get(refs, cfg.cluster.timeout_s, f"{self.name} step {step}")
                     break
                 except (*remote.ACTOR_ERRORS, ray.exceptions.RayTaskError) as exc:
+                    if attempt >= max(1, cfg.faults.max_restarts):  # the step keeps failing: stop with its error
+                        raise
                     self._recover(recorder, step, refs, exc, t_issue)
                     attempt += 1
             t_done = time.time()

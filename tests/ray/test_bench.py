@@ -29,7 +29,7 @@ def test_bench_allreduce_writes_every_method_verified(tmp_path, capsys):
         assert r["busbw_Bps"] == pytest.approx(r["algbw_Bps"])  # 2(N-1)/N = 1 at N=2
     assert rows["gloo"]["ratio_to_gloo"] == pytest.approx(1.0)
     lats = {(x["method"], x["hop_load"]): x for x in doc["latency"]}
-    assert set(lats) == {(m, load) for m in ("ring-objstore", "ring-calls") for load in ("idle", "loaded")}
+    assert set(lats) == {("ring-objstore", "idle"), ("ring-calls", "idle")}  # "loaded" needs N >= 4
     for lat in lats.values():
         assert lat["workers"] == 2 and lat["hop_s"] > 0 and lat["ratio"] > 0
         assert lat["ring_s"] == pytest.approx(rows[lat["method"]]["median_s"])

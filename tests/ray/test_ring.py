@@ -1,8 +1,6 @@
 """Ring allreduce on actors: peer transports equal the numpy sum; bytes follow 2K(N-1)/N."""
 
-import glob
 import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -24,6 +22,14 @@ class _Probe(RingPeer):
         sent = ring_allreduce(buf, self.rank, self.n, self.transport, tag)
         self.transport.settle()
         return buf, sent
+
+    def link_capacity(self) -> int | None:
+        """Bytes the outgoing channel holds without growing; None when no link was opened."""
+        return None if self._outgoing is None else self._outgoing.channel._typ.buffer_size_bytes
+
+    def link_names(self) -> list[str]:
+        """The FIFO names of this peer's outgoing link (gone once the reader attached)."""
+        return [signal.path for signal in self._outgoing.signals]
 
     def link_exchange(self, send_tag: str, expect_tag: str) -> str:
         """Send under one tag, expect another: the schedule check of channels.Link."""
@@ -92,7 +98,30 @@ def test_channels_grow_for_larger_chunks_and_check_the_schedule():
         bufs = [np.full(1000, r + 1.0, np.float32) for r in range(n)]
         outs = ray.get([p.allreduce.remote(b, "rewired") for p, b in zip(peers, bufs, strict=True)], timeout=60)
         assert all((res == n * (n + 1) / 2).all() for res, _ in outs)
-        assert not glob.glob(os.path.join(tempfile.gettempdir(), "testbed-link-*"))  # names removed
+        names = [path for paths in ray.get([p.link_names.remote() for p in peers], timeout=60) for path in paths]
+        assert len(names) == 2 * n and not any(os.path.exists(x) for x in names)  # removed once attached
+    finally:
+        for p in peers:
+            ray.kill(p)
+
+
+@pytest.mark.parametrize("algorithm, compression, linked", [
+    ("ring", "none", True), ("halving-doubling", "none", False), ("ring", "topk:0.2", True)])
+def test_links_exist_only_where_the_ring_exchange_runs_and_never_need_to_grow(algorithm, compression, linked):
+    n = 3
+    cfg = make_config(strategy="ring", workers=n, compression=compression,
+                      **{"ring.algorithm": algorithm, "workload.name": "synthetic", "workload.grad_mb": 1})
+    peers = [_Probe.options(num_cpus=0.1, max_concurrency=4).remote(cfg, rank=r) for r in range(n)]
+    try:
+        wire_ring(peers, 60)
+        capacity = ray.get(peers[0].link_capacity.remote(), timeout=60)
+        if not linked:
+            assert capacity is None
+            return
+        k = 2**20 // 4  # one bucket holds the whole synthetic gradient (above channels.MIN_BYTES)
+        dense = -(-k // n) * 4
+        largest = max(dense, 8 * int(np.ceil(0.2 * k))) if compression != "none" else dense
+        assert capacity >= largest  # a top-k piece (8 bytes a kept value) outgrows a dense chunk here
     finally:
         for p in peers:
             ray.kill(p)
