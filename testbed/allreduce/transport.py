@@ -2,7 +2,8 @@
 
 Two calls serve every schedule:
 - `exchange(tag, send, recv_numel) -> received`: the ring's step -- send to the right
-  neighbour, receive from the left one.
+  neighbour, receive from the left one. The result may be a view of a shared buffer: drop
+  it before the next exchange (the send may wait until the neighbour dropped its own).
 - `send_to(peer, tag, array)` / `recv_from(peer, tag, numel, template) -> received`: any pair
   of ranks (halving-doubling, trees, hierarchical, gossip). Sends never block; a receive blocks
   until its message is there. `flush()` ends a round (torch: the round's sends are complete),
