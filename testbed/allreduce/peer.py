@@ -55,6 +55,8 @@ def wire_ring(peers: list[Any], timeout: float, nbytes: int | None = None) -> No
     Two phases, because Ray lets only a channel's writer create it: every peer opens the
     channel to its right neighbour, then every peer takes its left neighbour's. Called again
     after a peer restarts: every link is new, so nothing of an aborted attempt is read.
+    Peers need max_concurrency >= 2: opening a link to a reader on another node runs a call
+    on the reader while it opens its own link (tests/ray/test_multinode.py).
     """
     n = len(peers)
     outs: list[Any] = [None] * n
