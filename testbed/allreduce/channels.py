@@ -69,7 +69,7 @@ SMALL_BYTES = 256 * 1024  # chunks up to this travel as one bytes message (see `
 
 
 class Signal:
-    """A one-way "look again" hint between two processes of one node: a FIFO of bytes.
+    """A one-way counted signal between two processes of one node: a FIFO of one-byte tokens.
 
     The creating side opens it read-write (so neither side ever blocks or fails opening it),
     `attach` opens the other side and removes the name. Bytes are counted one for one with

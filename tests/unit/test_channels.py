@@ -1,10 +1,13 @@
-"""The channel link's wait loop (channels.poll): retries, abort, deadline -- no Ray cluster."""
+"""The channel link's pure parts -- the wait loops (poll, take) and the message format -- no Ray cluster."""
 
+import os
+
+import numpy as np
 import pytest
 from ray.exceptions import RayChannelTimeoutError
 
 from testbed.allreduce import channels
-from testbed.allreduce.channels import poll
+from testbed.allreduce.channels import SMALL_BYTES, decode, encode, poll, take
 from testbed.allreduce.transport import StepAborted
 from testbed.remote import RemoteTimeout
 
@@ -58,3 +61,31 @@ def test_other_errors_are_not_swallowed():
 
     with pytest.raises(ValueError, match="channel closed"):
         poll(broken, timeout=10, aborted=lambda: False, what="m")
+
+
+def test_take_consumes_exactly_one_signal_byte():
+    r, w = os.pipe()
+    try:
+        os.set_blocking(r, False)
+        os.write(w, b"!!")
+        take(r, timeout=5, aborted=lambda: False, what="m")
+        take(r, timeout=5, aborted=lambda: False, what="m")  # the second byte is still there
+        with pytest.raises(RemoteTimeout, match="message 3 did not complete"):
+            take(r, timeout=0.05, aborted=lambda: False, what="message 3")
+        with pytest.raises(StepAborted):
+            take(r, timeout=5, aborted=lambda: True, what="m")
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+@pytest.mark.parametrize("shape, dtype", [((0,), np.float32), ((7,), np.float32), ((3, 5), np.float16),
+                                          ((SMALL_BYTES // 4 + 1,), np.float32)])
+def test_encode_decode_round_trip(shape, dtype):
+    chunk = np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
+    message = encode(("b", 3, "rs", 1), 12.5, chunk)
+    assert isinstance(message, bytes) == (chunk.nbytes <= SMALL_BYTES)  # small: raw bytes
+    tag, departure, got = decode(message)
+    assert tag == ("b", 3, "rs", 1) and departure == 12.5
+    assert got.dtype == chunk.dtype and got.shape == chunk.shape
+    np.testing.assert_array_equal(got, chunk)
