@@ -103,24 +103,32 @@ def notify(fd: int | None) -> None:
         os.write(fd, b"!")
 
 
-def take(fd: int, timeout: float, aborted: Callable[[], bool], what: str) -> None:
+def _check(t0: float, timeout: float, aborted: Callable[[], bool], what: str) -> float:
+    """Raise if the step was aborted or the wait that began at t0 ran out; else seconds waited."""
+    if aborted():
+        raise StepAborted(f"{what}: the step was aborted (a peer died)")
+    waited = time.monotonic() - t0
+    if waited > timeout:
+        raise RemoteTimeout(f"{what} did not complete within {timeout:g}s; "
+                            "the neighbouring peer may be dead or hung")
+    return waited
+
+
+def take(fd: int, timeout: float, aborted: Callable[[], bool], what: str) -> float:
     """Block until one signal byte arrives on fd and consume it (one byte per message or
-    release, so the channel operation after it succeeds at its first try)."""
+    release, so the channel operation after it succeeds at its first try); return the
+    seconds left of `timeout`, for that operation."""
     t0 = time.monotonic()
     waiter = select.poll()  # not select.select: that one fails for fds >= 1024
     waiter.register(fd, select.POLLIN)
     while True:
-        if aborted():
-            raise StepAborted(f"{what}: the step was aborted (a peer died)")
+        _check(t0, timeout, aborted, what)
         if waiter.poll(CHECK_S * 1000):
             try:
                 os.read(fd, 1)
-                return
+                return max(0.0, timeout - (time.monotonic() - t0))
             except BlockingIOError:  # pragma: no cover - another reader of the same fd
                 pass
-        if time.monotonic() - t0 > timeout:
-            raise RemoteTimeout(f"{what} did not complete within {timeout:g}s; "
-                                "the neighbouring peer may be dead or hung")
 
 
 class Outgoing:
@@ -167,10 +175,9 @@ def decode(message: Any) -> tuple[Any, float | None, np.ndarray]:
     return tag, departure, np.frombuffer(message, dtype=dtype, offset=4 + n).reshape(shape)
 
 
-def poll(attempt: Callable[[], Any], timeout: float, aborted: Callable[[], bool], what: str,
-         wait: Callable[[float], None] | None = None) -> Any:
+def poll(attempt: Callable[[], Any], timeout: float, aborted: Callable[[], bool], what: str) -> Any:
     """Call attempt() (one timeout=0 channel operation) until it succeeds. Between tries:
-    wait(seconds) when given (blocks on a signal), else yield, then sleep."""
+    yield the core for SPIN_S, then sleep with capped exponential backoff."""
     from ray.exceptions import RayChannelTimeoutError
 
     t0 = time.monotonic()
@@ -180,15 +187,8 @@ def poll(attempt: Callable[[], Any], timeout: float, aborted: Callable[[], bool]
             return attempt()
         except RayChannelTimeoutError:
             pass
-        if aborted():
-            raise StepAborted(f"{what}: the step was aborted (a peer died)")
-        waited = time.monotonic() - t0
-        if waited > timeout:
-            raise RemoteTimeout(f"{what} did not complete within {timeout:g}s; "
-                                "the neighbouring peer may be dead or hung")
-        if wait is not None:
-            wait(min(CHECK_S, timeout - waited))
-        elif waited < SPIN_S:
+        waited = _check(t0, timeout, aborted, what)
+        if waited < SPIN_S:
             os.sched_yield()
         else:
             time.sleep(delay)
@@ -237,10 +237,9 @@ class Link:
         value = self._serialize(encode(tag, departure, chunk))  # once, not once per try
         size = value.total_bytes + len(value.metadata)
         capacity = getattr(getattr(self.out, "_typ", None), "buffer_size_bytes", 0)
-        t0 = time.monotonic()
+        left = self.timeout  # one timeout for the whole wait
         if self.acks is not None and self._sent:  # the reader has released the previous one
-            take(self.acks, self.timeout, self.aborted, f"send of {tag}")
-        left = max(0.0, self.timeout - (time.monotonic() - t0))  # one timeout for the whole wait
+            left = take(self.acks, self.timeout, self.aborted, f"send of {tag}")
         if size > capacity:  # growth: Ray resizes and signals the reader in one blocking call
             from ray.exceptions import RayChannelTimeoutError
 
@@ -257,10 +256,9 @@ class Link:
     def recv(self, tag: Any) -> tuple[float | None, np.ndarray]:
         """(departure, chunk) of the next message, which must carry `tag`."""
         self._released()
-        t0 = time.monotonic()
+        left = self.timeout  # one timeout for the whole wait
         if self.wakes is not None:
-            take(self.wakes, self.timeout, self.aborted, f"message {tag}")
-        left = max(0.0, self.timeout - (time.monotonic() - t0))  # one timeout for the whole wait
+            left = take(self.wakes, self.timeout, self.aborted, f"message {tag}")
         message = poll(lambda: self.inp.read(timeout=0), left, self.aborted, f"message {tag}")
         self._pinned = not isinstance(message, bytes)
         if not self._pinned:  # a bytes message is a copy: the buffer is free already

@@ -82,6 +82,7 @@ class RingPeer(WorkerBase):
         sizes = [int(np.prod(s, dtype=np.int64)) for _, s in self.workload.layout]
         elems = max(1, int(config.ring.bucket_mb * 2**20) // 4)
         self.buckets = make_buckets(sizes, elems)
+        self.bucket_numels = [sum(sizes[i] for i in b) for b in self.buckets]
         self.algorithm = config.ring.algorithm
         self.compression = parse_compression(config.compression)
         self.wire = Wire(half=self.compression.kind == "fp16")
@@ -113,8 +114,7 @@ class RingPeer(WorkerBase):
         if nbytes is None:
             if self.algorithm != "ring":  # (top-k, the other user of the exchange, needs the ring)
                 return None
-            sizes = [int(np.prod(s, dtype=np.int64)) for _, s in self.workload.layout]
-            largest = max((sum(sizes[i] for i in b) for b in self.buckets), default=0)
+            largest = max(self.bucket_numels, default=0)
             nbytes = -(-largest // self.n) * 4
             if self.compression.kind == "topk":
                 nbytes = max(nbytes, Compressor(self.compression, largest).payload_bytes)
