@@ -20,7 +20,7 @@ INTRO = """\
 # Sweep analysis
 
 Reads one sweep folder written by `python -m testbed.sweep` (`runs.parquet` plus the run
-folders it points to) and draws the figures of `testbed.plots`. It never trains: run a sweep
+folders it points to) and draws the figures of `testbed.analysis.plots`. It never trains: run a sweep
 first, e.g. `python -m testbed.sweep experiments/scaling.toml`. Column meanings and units are
 in `results/README.md`."""
 
@@ -39,7 +39,7 @@ ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from testbed import plots  # noqa: E402
+from testbed.analysis import plots  # noqa: E402
 from testbed.sweep import load_table, run_tables  # noqa: E402
 
 sweep_dir = Path(SWEEP_DIR) if Path(SWEEP_DIR).is_absolute() else ROOT / SWEEP_DIR

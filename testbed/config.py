@@ -17,9 +17,9 @@ from typing import Any
 from testbed import units
 from testbed.allreduce.algorithms import ALGORITHMS
 from testbed.compression import parse_compression
-from testbed.faults import parse_faults, validate_faults
+from testbed.emulation.faults import parse_faults, validate_faults
+from testbed.emulation.stragglers import parse_stragglers, validate_stragglers
 from testbed.gossip.topology import TOPOLOGIES
-from testbed.stragglers import parse_stragglers, validate_stragglers
 
 WORKLOADS = ("mlp", "logreg", "synthetic")
 DEVICES = ("auto", "cpu", "cuda")
@@ -106,7 +106,7 @@ class NetworkConfig:
 
 @dataclass(frozen=True)
 class FaultConfig:
-    fail: str = "none"  # --fail SPEC (testbed.faults)
+    fail: str = "none"  # --fail SPEC (testbed.emulation.faults)
     max_restarts: int = 3  # per actor
     checkpoint_every: int = 0  # PS shards: versions between checkpoints (0: none)
     on_nan: str = "skip"  # skip | stop

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from testbed.analysis.results import RunFolder, chrome_trace, new_run_id
 from testbed.config import ConfigError, RunConfig
-from testbed.faults import RestartsExhausted, ServerLost
-from testbed.results import RunFolder, chrome_trace, new_run_id
+from testbed.emulation.faults import RestartsExhausted, ServerLost
 
 
 @dataclass
@@ -42,7 +42,7 @@ def _progress(cfg: RunConfig):
 
 def execute(cfg: RunConfig, *, run_id: str | None = None) -> Outcome:
     from testbed import registry
-    from testbed.cluster import Cluster
+    from testbed.runtime.cluster import Cluster
     from testbed.strategy import Recorder
 
     cls = registry.STRATEGIES[cfg.strategy]
@@ -115,7 +115,7 @@ def finish(folder: RunFolder, cfg: RunConfig, recorder: Any, status: str, params
     """Flush raw records, then derive and write the summary (and params, timeline)."""
     import pandas as pd
 
-    from testbed.metrics import summarize
+    from testbed.analysis.metrics import summarize
     from testbed.strategy import STEP_COLUMNS, UPDATE_COLUMNS
 
     folder.write_records(recorder)
@@ -163,7 +163,7 @@ def _predictions(cfg: RunConfig, summary: dict[str, Any], steps: Any, updates: A
             out["comm_s_per_step"] = float(steps["comm_s"].mean())
     if not cfg.network.emulated:
         return out
-    from testbed import costmodel
+    from testbed.analysis import costmodel
 
     grad_bytes = extra.get("grad_bytes_logical")
     if grad_bytes is None:

@@ -31,15 +31,15 @@ failed or interrupted ones. Exit code: 0 all completed, 1 some failed, 2 bad spe
     <out>/<name>/points.jsonl    one line per finished point: id, status, run folder, error
     <out>/<name>/runs/<run_id>/  the run folders (see results/README.md)
     <out>/<name>/runs.parquet    one row per run: flattened config + scalar summary metrics
-    <out>/<name>/figures/        PNG + SVG from testbed.plots
+    <out>/<name>/figures/        PNG + SVG from testbed.analysis.plots
 
 Spec parsing and grid expansion live in `testbed.sweepspec`; the table's I/O in
-`testbed.results` (`load_table` and `run_tables` are importable from here too).
+`testbed.analysis.results` (`load_table` and `run_tables` are importable from here too).
 
 --update-baseline runs every point afresh (earlier run folders are kept, not reused) and, if
 all completed and the curves follow the cost model, writes the step-time ratios to --baseline
 (default results/baselines/scaling.json), the committed baseline CI compares against
-(`testbed.baseline`; format in results/README.md). Only this flag writes a baseline.
+(`testbed.analysis.baseline`; format in results/README.md). Only this flag writes a baseline.
 """
 
 from __future__ import annotations
@@ -55,8 +55,14 @@ from typing import Any
 
 import pandas as pd
 
+from testbed.analysis.results import (
+    arrow_safe,
+    load_table,
+    run_tables,
+    summary_columns,
+    write_sweep_table,
+)
 from testbed.config import ConfigError
-from testbed.results import arrow_safe, load_table, run_tables, summary_columns, write_sweep_table
 from testbed.sweepspec import (
     SWEEP_OWNED,
     Point,
@@ -275,7 +281,7 @@ def _finish(spec: Spec, points: list[Point], todo: list[Point], skipped: list[di
 
 
 def _figures(sweep_dir: Path) -> None:
-    from testbed import plots
+    from testbed.analysis import plots
 
     table = load_table(sweep_dir)
     if table.empty:
@@ -295,8 +301,8 @@ def _update_baseline(spec: Spec, sweep_dir: Path, path: Path, code: int, quiet: 
               "so some runs did not complete; fix them and rerun with --update-baseline",
               file=sys.stderr)
         return code
-    from testbed import baseline
-    from testbed.results import provenance
+    from testbed.analysis import baseline
+    from testbed.analysis.results import provenance
 
     meta = {"spec": spec_dict(spec), "spec_file": str(spec.path), "machine": provenance()}
     try:

@@ -58,7 +58,7 @@ import numpy as np
 import ray
 
 from testbed.allreduce.transport import StepAborted
-from testbed.remote import RemoteTimeout
+from testbed.runtime.remote import RemoteTimeout
 
 SPIN_S = 5e-5
 MAX_SLEEP_S = 2.5e-4

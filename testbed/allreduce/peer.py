@@ -40,9 +40,9 @@ from testbed.allreduce.transport import (
     to_numpy,
 )
 from testbed.compression import Compressor, parse_compression, unpack_sparse
-from testbed.faults import NonFiniteGradient, is_finite, poison
-from testbed.remote import RemoteTimeout, get
-from testbed.worker import WorkerBase
+from testbed.emulation.faults import NonFiniteGradient, is_finite, poison
+from testbed.runtime.remote import RemoteTimeout, get
+from testbed.runtime.worker import WorkerBase
 
 __all__ = ["Mailbox", "ObjectStoreTransport", "RingPeer", "TorchTransport", "ring_allreduce", "wire_ring"]
 

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed import remote
 from testbed.allreduce.algorithms import groups_from_nodes, groups_of_size
 from testbed.allreduce.peer import RingPeer, wire_ring
-from testbed.faults import NonFiniteGradient
+from testbed.emulation.faults import NonFiniteGradient
+from testbed.runtime import remote
 from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
 from testbed.workloads.base import unflatten
 

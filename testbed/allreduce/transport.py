@@ -33,9 +33,9 @@ import numpy as np
 import ray
 
 from testbed.allreduce.ring import ring_neighbours
-from testbed.emulation import Endpoint
-from testbed.network import sleep_until
-from testbed.remote import RemoteTimeout
+from testbed.emulation.endpoint import Endpoint
+from testbed.emulation.network import sleep_until
+from testbed.runtime.remote import RemoteTimeout
 
 
 class StepAborted(RuntimeError):

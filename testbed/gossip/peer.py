@@ -38,12 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from testbed import remote
 from testbed.allreduce.transport import Mailbox, ObjectStoreTransport, Wire
 from testbed.compression import parse_compression
+from testbed.emulation.network import sleep_until
 from testbed.gossip.topology import mix, mixing_row, neighbours, pairwise_partner
-from testbed.network import sleep_until
-from testbed.worker import WorkerBase
+from testbed.runtime import remote
+from testbed.runtime.worker import WorkerBase
 
 
 class GossipPeer(WorkerBase):

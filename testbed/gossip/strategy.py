@@ -43,7 +43,6 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed import remote
 from testbed.gossip.peer import GossipPeer
 from testbed.gossip.topology import (
     consensus_distance,
@@ -52,6 +51,7 @@ from testbed.gossip.topology import (
     neighbours,
     spectral_gap,
 )
+from testbed.runtime import remote
 from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
 from testbed.workloads import make_workload
 from testbed.workloads.base import unflatten

@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed import remote
 from testbed.compression import Compressor, parse_compression
-from testbed.emulation import Endpoint
-from testbed.faults import NonFiniteGradient, is_finite
+from testbed.emulation.endpoint import Endpoint
+from testbed.emulation.faults import NonFiniteGradient, is_finite
+from testbed.runtime import remote
+from testbed.runtime.worker import WorkerBase
 from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
-from testbed.worker import WorkerBase
 from testbed.workloads import make_workload
 
 MapWorker = ray.remote(WorkerBase)

@@ -22,12 +22,12 @@ from typing import Any, ClassVar
 import numpy as np
 import ray
 
-from testbed import remote
 from testbed.allreduce.ring import chunk_bounds
-from testbed.faults import NonFiniteGradient, RestartsExhausted, ServerLost
+from testbed.emulation.faults import NonFiniteGradient, RestartsExhausted, ServerLost
 from testbed.ps.schedule import Schedule
 from testbed.ps.server import ShardActor
 from testbed.ps.worker import PSWorker
+from testbed.runtime import remote
 from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
 from testbed.workloads.base import unflatten
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from testbed.config import NetworkConfig
-from testbed.emulation import Endpoint
+from testbed.emulation.endpoint import Endpoint
 
 
 class ShardState:
@@ -168,8 +168,8 @@ class ShardActor:
                  checkpoint_dir: str | None = None, checkpoint_every: int = 0, fail: str = "none",
                  compression: str = "none", **state: Any) -> None:
         from testbed.compression import Compressor, parse_compression
-        from testbed.faults import FaultPlan, parse_faults
-        from testbed.worker import _restarted
+        from testbed.emulation.faults import FaultPlan, parse_faults
+        from testbed.runtime.worker import _restarted
 
         self.state = ShardState(params, **state)
         self.rank = rank

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed.worker import WorkerBase
+from testbed.runtime.worker import WorkerBase
 
 
 class PSWorker(WorkerBase):

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from testbed.config import WorkloadConfig
-from testbed.network import sleep_until
+from testbed.emulation.network import sleep_until
 from testbed.workloads.base import Workload
 
 TENSORS = 8

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 
 from testbed import registry
-from testbed.cluster import Cluster
+from testbed.analysis.metrics import summarize
 from testbed.config import RunConfig, validate, with_overrides
-from testbed.metrics import summarize
+from testbed.runtime.cluster import Cluster
 from testbed.session import _predictions, servers_for
 from testbed.strategy import STEP_COLUMNS, UPDATE_COLUMNS, Recorder
 

@@ -7,8 +7,8 @@ import ray
 
 from testbed.allreduce.algorithms import ALGORITHMS, bytes_moved, groups_of_size, schedule
 from testbed.allreduce.peer import RingPeer
+from testbed.analysis.costmodel import allreduce_comm_s
 from testbed.compression import topk_count
-from testbed.costmodel import allreduce_comm_s
 from testbed.reference import reference_sgd
 from tests.ray.helpers import make_config, run_strategy
 

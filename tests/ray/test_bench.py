@@ -7,7 +7,7 @@ import pytest
 import ray
 
 from testbed.bench import main
-from testbed.benchlib import METHODS
+from testbed.bench.lib import METHODS
 
 
 @pytest.mark.usefixtures("ray_cluster")

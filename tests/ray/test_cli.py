@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.results import SCHEMA_VERSION, load_run
+from testbed.analysis.results import SCHEMA_VERSION, load_run
 
 SUMMARY_KEYS = {
     "strategy", "workers", "steps", "samples_per_s", "updates_per_s", "step_time_p50_s",

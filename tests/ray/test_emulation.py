@@ -7,7 +7,7 @@ here), so ratios are stable on a loaded 2-core machine. Tolerances are ratios wi
 import numpy as np
 import pytest
 
-from testbed.metrics import summarize
+from testbed.analysis.metrics import summarize
 from testbed.session import _predictions
 from tests.ray.helpers import make_config, run_strategy
 

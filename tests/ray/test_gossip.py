@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import ray
 
-from testbed.cluster import Cluster
 from testbed.gossip.strategy import GossipSGD
 from testbed.gossip.topology import consensus_distance, mix, mixing_row, neighbours
 from testbed.reference import reference_sgd
+from testbed.runtime.cluster import Cluster
 from testbed.strategy import Recorder
 from testbed.workloads import make_workload
 from tests.ray.helpers import make_config, run_strategy

@@ -32,7 +32,7 @@ def test_cuda_ring_equals_single_process_sgd(strategy, extra):
 
 def test_device_cuda_without_gpu_is_a_config_error_elsewhere():
     """Runs only with a GPU: the plan asks Ray for GPUs and resolves the device to cuda."""
-    from testbed.cluster import plan_resources
+    from testbed.runtime.cluster import plan_resources
 
     plan = plan_resources(workers=4, servers=0, total_cpus=2, total_gpus=1, total_memory=2**34,
                           device="auto", cpus_per_worker=None, torch_workers=True)

@@ -2,7 +2,7 @@
 
 Reruns the regression sweep through the CLI (emulated network, ~100 s on 2 cores), with
 --update-baseline aimed at a temporary file, and compares each strategy's step-time ratios
-T(N)/T(2) with the committed baseline and with the cost model (testbed.baseline); a failure
+T(N)/T(2) with the committed baseline and with the cost model (testbed.analysis.baseline); a failure
 says which curve moved, at which N, and by how much. Ratios are measured within one run, so
 the check holds on any machine; absolute seconds are never compared.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.baseline import (
+from testbed.analysis.baseline import (
     REFRESH,
     compare,
     curve_ratios,

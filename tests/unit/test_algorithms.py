@@ -16,8 +16,7 @@ from testbed.allreduce.algorithms import (
     simulate,
 )
 from testbed.allreduce.ring import bytes_sent_per_rank
-from testbed.config import ConfigError, RunConfig, validate, with_overrides
-from testbed.costmodel import (
+from testbed.analysis.costmodel import (
     allreduce_comm_s,
     halving_doubling_folded_comm_s,
     hierarchical_comm_s,
@@ -25,7 +24,8 @@ from testbed.costmodel import (
     ring_comm_s,
     tree_comm_s,
 )
-from testbed.network import LinkSpec, Nic
+from testbed.config import ConfigError, RunConfig, validate, with_overrides
+from testbed.emulation.network import LinkSpec, Nic
 from tests.unit.families import FAMILIES
 
 K, A, B = 100e6, 1e-3, 1e9

@@ -8,8 +8,14 @@ import json
 import pandas as pd
 import pytest
 
-from testbed import baseline
-from testbed.baseline import compare, curve_ratios, load_baseline, model_ratios, write_baseline
+from testbed.analysis import baseline
+from testbed.analysis.baseline import (
+    compare,
+    curve_ratios,
+    load_baseline,
+    model_ratios,
+    write_baseline,
+)
 
 # Step times (s) per strategy and N, repeats 0..2: the median is the middle value.
 STEP = {("ps-sync", 2): (1.0, 1.1, 5.0), ("ps-sync", 4): (1.6, 1.7, 1.8), ("ps-sync", 8): (3.0, 3.1, 2.9),
@@ -142,7 +148,7 @@ def test_a_baseline_needs_the_cost_model_for_every_curve(tmp_path):
 
 
 def test_load_sweep_adds_each_runs_shortest_step_interval(tmp_path):
-    from testbed.results import write_sweep_table
+    from testbed.analysis.results import write_sweep_table
 
     sweep_dir = tmp_path / "s"
     run = sweep_dir / "runs" / "a-0"

@@ -9,7 +9,7 @@ from ray.exceptions import RayChannelTimeoutError
 from testbed.allreduce import channels
 from testbed.allreduce.channels import SMALL_BYTES, decode, encode, poll, take
 from testbed.allreduce.transport import StepAborted
-from testbed.remote import RemoteTimeout
+from testbed.runtime.remote import RemoteTimeout
 
 
 class _Flaky:

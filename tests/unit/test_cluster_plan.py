@@ -2,8 +2,8 @@
 
 import pytest
 
-from testbed.cluster import ACTOR_MEMORY_TORCH, RAY_GRANULARITY, plan_resources
 from testbed.config import ConfigError
+from testbed.runtime.cluster import ACTOR_MEMORY_TORCH, RAY_GRANULARITY, plan_resources
 
 GIB = 2**30
 
@@ -55,7 +55,7 @@ def test_explicit_cpu_share_beyond_the_cluster_is_an_error():
 def test_unreachable_address_fails_fast():
     import time
 
-    from testbed.cluster import check_reachable
+    from testbed.runtime.cluster import check_reachable
 
     t0 = time.monotonic()
     with pytest.raises(ConfigError, match="--address '127.0.0.1:1'"):

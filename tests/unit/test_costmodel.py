@@ -1,10 +1,10 @@
-"""Tests for testbed.costmodel: literal numbers for every formula and their scaling."""
+"""Tests for testbed.analysis.costmodel: literal numbers for every formula and their scaling."""
 
 import math
 
 import pytest
 
-from testbed.costmodel import (
+from testbed.analysis.costmodel import (
     STRATEGIES,
     bytes_per_worker_per_step,
     gossip_comm_s,
@@ -144,7 +144,7 @@ def test_no_overlap_bounds_are_the_design_formulas():
 
 def test_pipelined_models_agree_with_the_nic_simulation():
     """Zero-compute PS step on the NIC model: pulls out, pushes back, full duplex."""
-    from testbed.network import LinkSpec, simulate
+    from testbed.emulation.network import LinkSpec, simulate
 
     n, k = 6, 1e6
     link = LinkSpec(bandwidth=B, latency=A)

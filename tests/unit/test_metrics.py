@@ -1,4 +1,4 @@
-"""Tests for testbed.metrics: summarize() and straggler attribution on small literal tables.
+"""Tests for testbed.analysis.metrics: summarize() and straggler attribution on small literal tables.
 
 Every expected number below is worked out by hand in the comments next to it.
 """
@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from testbed.metrics import summarize
+from testbed.analysis.metrics import summarize
 from testbed.strategy import STEP_COLUMNS, UPDATE_COLUMNS
 
 SUMMARY_NONE_KEYS = (
@@ -170,7 +170,7 @@ def test_single_update_step_time_is_from_first_start():
 
 
 def test_straggler_attribution_names_the_late_worker():
-    from testbed.metrics import straggler_attribution
+    from testbed.analysis.metrics import straggler_attribution
 
     steps = pd.DataFrame({
         "worker": [0, 1, 0, 1], "iteration": [0, 0, 1, 1],

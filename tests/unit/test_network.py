@@ -1,11 +1,11 @@
-"""Tests for testbed.network: NIC queue arithmetic, sleeping, and simulate()."""
+"""Tests for testbed.emulation.network: NIC queue arithmetic, sleeping, and simulate()."""
 
 import threading
 
 import pytest
 
-from testbed.costmodel import ps_sync_comm_s, ring_comm_s
-from testbed.network import LinkSpec, Nic, simulate, sleep_until
+from testbed.analysis.costmodel import ps_sync_comm_s, ring_comm_s
+from testbed.emulation.network import LinkSpec, Nic, simulate, sleep_until
 
 A = 1e-3  # latency, s
 B = 1e6  # bandwidth, bytes/s

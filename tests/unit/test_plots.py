@@ -1,4 +1,4 @@
-"""Every figure of testbed.plots on literal tables: PNG + SVG written, non-empty; gaps skipped."""
+"""Every figure of testbed.analysis.plots on literal tables: PNG + SVG written, non-empty; gaps skipped."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from testbed import plots
+from testbed.analysis import plots
 
 
 def sweep_table() -> pd.DataFrame:
@@ -130,8 +130,8 @@ def test_figures_for_sweep_draws_what_the_data_supports(tmp_path):
 
 
 def test_per_run_figures_live_in_runplots_and_stay_importable_from_plots():
-    from testbed import runplots
-    from testbed.plots import loss_vs_time, loss_vs_updates, staleness_histogram
+    from testbed.analysis import runplots
+    from testbed.analysis.plots import loss_vs_time, loss_vs_updates, staleness_histogram
 
     assert staleness_histogram is runplots.staleness_histogram
     assert (loss_vs_updates, loss_vs_time) == (runplots.loss_vs_updates, runplots.loss_vs_time)

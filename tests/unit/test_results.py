@@ -1,4 +1,4 @@
-"""Tests for testbed.results: run folders, atomic writes, schema versions, reading back, traces.
+"""Tests for testbed.analysis.results: run folders, atomic writes, schema versions, reading back, traces.
 
 provenance() is replaced by a fixed dict in the round-trip tests so they never run git.
 """
@@ -11,10 +11,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from testbed import results
-from testbed.config import RunConfig, from_dict
-from testbed.metrics import summarize
-from testbed.results import (
+from testbed.analysis import results
+from testbed.analysis.metrics import summarize
+from testbed.analysis.results import (
     SCHEMA_VERSION,
     TABLES,
     RunFolder,
@@ -23,6 +22,7 @@ from testbed.results import (
     new_run_id,
     write_json,
 )
+from testbed.config import RunConfig, from_dict
 from testbed.strategy import Recorder, StepRecord, UpdateRecord
 
 FAKE_PROVENANCE = {"git_commit": "0" * 40, "git_dirty": False, "python": "3"}

@@ -1,4 +1,4 @@
-"""Tests for testbed.stragglers: syntax, validation, determinism, and the delay values."""
+"""Tests for testbed.emulation.stragglers: syntax, validation, determinism, and the delay values."""
 
 import itertools
 import random
@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from testbed.stragglers import (
+from testbed.emulation.stragglers import (
     FixedDelay,
     RandomDelay,
     Slowdown,

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
+from testbed.analysis.costmodel import gossip_async_comm_s, predict
 from testbed.config import ConfigError, GossipConfig, RunConfig, validate, with_overrides
-from testbed.costmodel import gossip_async_comm_s, predict
+from testbed.emulation.network import LinkSpec, simulate
 from testbed.gossip.topology import (
     TOPOLOGIES,
     consensus_distance,
@@ -17,7 +18,6 @@ from testbed.gossip.topology import (
     spectral_gap,
     torus_shape,
 )
-from testbed.network import LinkSpec, simulate
 from tests.unit.families import FAMILIES
 
 K, A, B = 1e6, 1e-3, 1e9

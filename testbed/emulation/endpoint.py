@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from testbed.config import NetworkConfig
-from testbed.network import LinkSpec, Nic, sleep_until
+from testbed.emulation.network import LinkSpec, Nic, sleep_until
 
 
 class Endpoint:

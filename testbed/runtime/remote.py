@@ -90,7 +90,7 @@ class Liveness:
 
     def find_dead(self) -> list[int]:
         """Indices of actors that died (now restarting) or hang (killed here, so Ray restarts them)."""
-        from testbed.faults import RestartsExhausted
+        from testbed.emulation.faults import RestartsExhausted
 
         pings = [h.ping.remote() for h in self.handles]
         ready, _ = ray.wait(pings, num_returns=len(pings), timeout=min(self.timeout, 10.0))
@@ -114,7 +114,7 @@ class Liveness:
 
     def wait_alive(self, i: int) -> int:
         """Block until actor i answers again (after a restart); return its pid."""
-        from testbed.faults import RestartsExhausted
+        from testbed.emulation.faults import RestartsExhausted
 
         deadline = time.monotonic() + startup_timeout(self.timeout)
         while time.monotonic() < deadline:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed.benchpeers import (
+from testbed.bench.peers import (
     METHODS,
     PING_BYTES,
     BenchPeer,
@@ -34,9 +34,9 @@ from testbed.benchpeers import (
     process_cpu_now,
     process_cpu_s,
 )
-from testbed.cluster import Cluster
 from testbed.config import ClusterConfig, RunConfig, WorkloadConfig
-from testbed.remote import RemoteTimeout, get, kill_all
+from testbed.runtime.cluster import Cluster
+from testbed.runtime.remote import RemoteTimeout, get, kill_all
 
 __all__ = ["METHODS", "Runner"]
 PING_WARMUP, PING_REPEATS = 30, 60

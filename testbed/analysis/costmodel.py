@@ -2,7 +2,7 @@
 
 Symbols: K gradient bytes, N workers, S parameter-server shards, a one-way latency (s),
 B per-NIC bandwidth (bytes/s). One synchronous step, no overlap of compute and
-communication; the NIC model is the one in ``testbed.network`` (each endpoint has one
+communication; the NIC model is the one in ``testbed.emulation.network`` (each endpoint has one
 egress and one ingress queue of bandwidth B, so traffic into one NIC serialises).
 
 Ring allreduce: ``2(N-1)(a + K/(N B))``. The gradient is cut into N chunks of K/N bytes.

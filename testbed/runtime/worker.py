@@ -14,9 +14,9 @@ import numpy as np
 
 from testbed.compression import Compressor, parse_compression
 from testbed.config import RunConfig
-from testbed.emulation import Endpoint
-from testbed.faults import FaultPlan, parse_faults, poison
-from testbed.stragglers import StragglerModel, parse_stragglers
+from testbed.emulation.endpoint import Endpoint
+from testbed.emulation.faults import FaultPlan, parse_faults, poison
+from testbed.emulation.stragglers import StragglerModel, parse_stragglers
 from testbed.workloads import make_workload
 
 

@@ -247,7 +247,7 @@ def load_table(sweep_dir: str | os.PathLike) -> pd.DataFrame:
 
 def run_tables(table: pd.DataFrame, kind: str, *, repeat: int = 0) -> dict[str, pd.DataFrame]:
     """{series label: steps or updates table} for the completed runs of one repeat."""
-    from testbed.plots import series_labels
+    from testbed.analysis.plots import series_labels
 
     rows = table[(table["status"] == "completed") & (table["repeat"] == repeat)]
     labels = series_labels(rows, exclude=())

@@ -6,7 +6,7 @@ of a sweep table (`testbed.results.load_table`) whose status is "completed" and 
 (error bars: one standard deviation). A series is a strategy plus the config keys that vary
 among that strategy's rows, so keys that do not apply to a strategy never split its series.
 A function raises `NoData` when the table lacks what it needs; `figures_for_sweep` skips it.
-The per-run figures (staleness histogram, loss vs updates / time) live in `testbed.runplots`
+The per-run figures (staleness histogram, loss vs updates / time) live in `testbed.analysis.runplots`
 and are importable from here too.
 """
 
@@ -27,7 +27,7 @@ from matplotlib.lines import Line2D
 
 from testbed.config import RunConfig
 
-RUN_FIGURES = ("staleness_histogram", "loss_vs_updates", "loss_vs_time")  # in testbed.runplots
+RUN_FIGURES = ("staleness_histogram", "loss_vs_updates", "loss_vs_time")  # in testbed.analysis.runplots
 PHASE_COLORS = {"compute": "#4c72b0", "comm": "#dd8452", "wait": "#8c8c8c"}
 # Repeat-like keys: rows differing only in these are averaged, not split into series.
 NOT_SERIES = ("strategy", "seed", "out", "quiet")
@@ -40,7 +40,7 @@ class NoData(ValueError):
 def __getattr__(name: str):
     # The per-run figures import this module's helpers, so they are re-exported lazily.
     if name in RUN_FIGURES:
-        from testbed import runplots
+        from testbed.analysis import runplots
 
         return getattr(runplots, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -284,7 +284,7 @@ def figures_for_sweep(table: pd.DataFrame, out_dir: str | os.PathLike,
                       steps_by_label: Mapping[str, pd.DataFrame] | None = None,
                       updates_by_label: Mapping[str, pd.DataFrame] | None = None) -> list[Path]:
     """Draw and save every figure the data supports; return the PNG paths."""
-    from testbed.runplots import loss_vs_time, loss_vs_updates, staleness_histogram
+    from testbed.analysis.runplots import loss_vs_time, loss_vs_updates, staleness_histogram
 
     steps, updates = steps_by_label or {}, updates_by_label or {}
     stale = any((s.get("staleness", pd.Series(dtype=float)) > 0).any() for s in steps.values())

@@ -47,7 +47,7 @@ steps also queue for the CPU, so the line adds its CPU floor (cpu / cores).
 Numbers are what this machine does: N workers share its cores (one torch thread each), so
 they measure contention honestly, not a cluster. Sizes parse like every size flag (4KB = 4000
 bytes, 4KiB = 4096). Ray: an initialized Ray is reused and left running; otherwise
-testbed.cluster starts an embedded one and stops it at the end.
+testbed.runtime.cluster starts an embedded one and stops it at the end.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _check_memory(workers: list[int], sizes: list[int]) -> None:
     # Per size: each worker holds data + work + replica + a transient copy, the object store
     # holds pushes/pulls/returns (~3 per worker) and the driver the expected sum and N returns.
-    from testbed.cluster import local_machine
+    from testbed.runtime.cluster import local_machine
 
     n, s = max(workers), max(sizes)
     need = s * (8 * n + 4)
@@ -255,15 +255,15 @@ def write_json(path: str, doc: dict[str, Any]) -> None:
 
 
 def run_allreduce(ns: argparse.Namespace) -> dict[str, Any]:
-    from testbed.benchlib import METHODS, Runner
-    from testbed.cluster import Cluster
+    from testbed.bench.lib import METHODS, Runner
     from testbed.config import ClusterConfig
+    from testbed.runtime.cluster import Cluster
 
     cluster = Cluster(ClusterConfig(timeout_s=ns.timeout), workers=max(ns.workers), servers=1)
     cluster.precheck_local()
     rows: list[dict[str, Any]] = []
     lats: list[dict[str, Any]] = []
-    from testbed.benchpeers import busy_fraction, system_cpu_s
+    from testbed.bench.peers import busy_fraction, system_cpu_s
 
     busy_before = busy_fraction(1.0)  # before Ray and our actors add their own load
     sys0, wall0, ours = system_cpu_s(), time.time(), -sum(os.times()[:2])

@@ -17,8 +17,8 @@ import ray
 from testbed.allreduce.channels import Link, Outgoing
 from testbed.allreduce.peer import ObjectStoreTransport, RingPeer, ring_allreduce
 from testbed.config import RunConfig
-from testbed.remote import RemoteTimeout, get
-from testbed.worker import limit_threads
+from testbed.runtime.remote import RemoteTimeout, get
+from testbed.runtime.worker import limit_threads
 
 METHODS = ("ring-objstore", "ring-calls", "ring-torch", "gloo", "ps", "mapreduce")  # all but mapreduce gated
 OBJSTORE = ("ring-objstore", "ring-calls")

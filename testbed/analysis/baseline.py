@@ -49,7 +49,7 @@ Curves = dict[str, dict[str, float]]  # strategy -> {str(N): T(N)/T(N0)}
 
 def step_time_min(run_dir: str | os.PathLike) -> float | None:
     """One run's shortest interval between model updates, the first from the first worker's
-    start (the intervals of `testbed.metrics`); None without updates."""
+    start (the intervals of `testbed.analysis.metrics`); None without updates."""
     updates = pd.read_parquet(Path(run_dir) / "updates.parquet", columns=["t_applied"])
     steps = pd.read_parquet(Path(run_dir) / "steps.parquet", columns=["t_start"])
     if updates.empty or steps.empty:
@@ -60,7 +60,7 @@ def step_time_min(run_dir: str | os.PathLike) -> float | None:
 
 def load_sweep(sweep_dir: str | os.PathLike) -> pd.DataFrame:
     """A sweep's runs.parquet (`testbed.results.load_table`) plus `step_time_min_s` per run."""
-    from testbed.results import load_table
+    from testbed.analysis.results import load_table
 
     table = load_table(sweep_dir)
     table[METRIC] = [step_time_min(d) if status == "completed" and d else None
@@ -172,7 +172,7 @@ def write_baseline(path: str | os.PathLike, table: pd.DataFrame,
     Refuses (ValueError) when the measured curves already depart from the cost model: CI could
     never pass against such a baseline.
     """
-    from testbed.results import write_json
+    from testbed.analysis.results import write_json
 
     tolerance = float(meta.get("tolerance", DEFAULT_TOLERANCE))
     measured, model = curve_ratios(table), model_ratios(table)

@@ -1,6 +1,6 @@
 """Per-run figures: one line per run, from its steps.parquet or updates.parquet tables.
 
-Pure like `testbed.plots` (whose helpers these share, and which re-exports them): a mapping
+Pure like `testbed.analysis.plots` (whose helpers these share, and which re-exports them): a mapping
 {series label: table} in (`testbed.results.run_tables` builds it), a matplotlib Figure out.
 Each raises `testbed.plots.NoData` when no table has what it needs.
 """
@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from testbed.plots import NoData, _colors, _legend, _new
+from testbed.analysis.plots import NoData, _colors, _legend, _new
 
 __all__ = ["loss_vs_time", "loss_vs_updates", "staleness_histogram"]
 

@@ -1,0 +1,5 @@
+"""`python -m testbed.bench allreduce ...`: see testbed/bench/cli.py."""
+
+from testbed.bench.cli import main
+
+raise SystemExit(main())
