@@ -24,48 +24,20 @@ strategy multiplies them by its logical/physical factor for scaled synthetic pay
 
 Usage on a worker (mapreduce / PS; the receiver sums what the sender would reconstruct)::
 
-    comp = Compressor(parse_compression(cfg.compression), numel)   # once, per tensor
+    comp = Compressor(cfg.compression, numel)   # once, per tensor (cfg.compression is typed)
     dense, nbytes = comp.roundtrip(grad)     # dense float32 the receiver sums; payload bytes
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
+from testbed.config.compression import CompressionSpec, parse_compression
+
 __all__ = ["Compressor", "CompressionSpec", "pack_sparse", "parse_compression", "topk_count",
            "unpack_sparse"]
-
-KINDS = ("none", "fp16", "topk")
-
-
-@dataclass(frozen=True)
-class CompressionSpec:
-    kind: str = "none"  # none | fp16 | topk
-    fraction: float = 1.0  # topk: share of the elements that is sent
-
-    def __str__(self) -> str:
-        return f"topk:{self.fraction:g}" if self.kind == "topk" else self.kind
-
-
-def parse_compression(text: str) -> CompressionSpec:
-    """'none' | 'fp16' | 'topk:F' (0 < F <= 1) -> CompressionSpec; ValueError names the fix."""
-    fix = "use none, fp16 or topk:F with 0 < F <= 1, e.g. topk:0.01"
-    if not isinstance(text, str):
-        raise ValueError(f"--compression {text!r}: {fix}")
-    kind, colon, frac = text.strip().partition(":")
-    if kind in ("none", "fp16") and not colon:
-        return CompressionSpec(kind)
-    if kind == "topk" and colon:
-        try:
-            f = float(frac)
-        except ValueError:
-            f = float("nan")
-        if 0 < f <= 1:
-            return CompressionSpec("topk", f)
-    raise ValueError(f"--compression {text!r}: {fix}")
 
 
 def topk_count(numel: int, fraction: float) -> int:

@@ -1,24 +1,28 @@
-"""The one explicit table of strategies: name -> Strategy class. argparse choices come from it."""
+"""The one explicit table of strategies: name -> StrategySpec.
+
+Pure: a spec says everything known of a strategy before Ray starts (flags, rules, servers, cost
+model) and imports its Ray shell only when a run starts. Adding a strategy is one package with
+a spec and a Strategy, and one line here.
+"""
 
 from __future__ import annotations
 
-from testbed.allreduce.strategy import RingAllreduce, TorchAllreduce
-from testbed.gossip.strategy import GossipSGD
-from testbed.mapreduce.driver import MapReduce
-from testbed.ps.asynchronous import PSAsync
-from testbed.ps.sync import PSSync
-from testbed.strategy import Strategy
+from testbed.allreduce.spec import RING, TORCH_ALLREDUCE
+from testbed.gossip.spec import GOSSIP
+from testbed.mapreduce.spec import MAPREDUCE
+from testbed.ps.spec import PS_ASYNC, PS_SYNC
+from testbed.strategy import StrategySpec
 
-STRATEGIES: dict[str, type[Strategy]] = {
-    MapReduce.name: MapReduce,
-    RingAllreduce.name: RingAllreduce,
-    TorchAllreduce.name: TorchAllreduce,
-    PSSync.name: PSSync,
-    PSAsync.name: PSAsync,
-    GossipSGD.name: GossipSGD,
-}
+SPECS: dict[str, StrategySpec] = {s.name: s for s in (
+    MAPREDUCE,
+    PS_SYNC,
+    PS_ASYNC,
+    RING,
+    TORCH_ALLREDUCE,
+    GOSSIP,
+)}
 
 
 def families() -> dict[str, str]:
-    """name -> family, for config validation (which flags apply to which strategy)."""
-    return {name: cls.family for name, cls in STRATEGIES.items()}
+    """name -> family (parameter server, allreduce, ...): for tables and figures."""
+    return {name: spec.family for name, spec in SPECS.items()}

@@ -1,165 +1,106 @@
-"""The Strategy contract and the raw record types: the only things the harness knows.
+"""The Strategy contract: what the harness knows of a strategy, before and during a run.
 
-A strategy trains until `config.steps` model updates are applied and hands every raw record to
-the recorder as it happens. A *model update* is one application of gradients to the
-authoritative parameters: one global step for synchronous strategies, one applied gradient for
-an asynchronous parameter server.
+A strategy is two objects:
 
-    with StrategyClass(config, cluster) as strategy:   # setup(): actors + identical replicas
-        strategy.run(recorder)                          # records stream out while it trains
-        params = strategy.parameters()                  # {name: float32 array}
-                                                        # teardown(): kills only its actors
+* a `StrategySpec` -- everything true of it that is known before Ray starts: its name and
+  family, the config keys it reads (every other strategy-specific key is rejected), the
+  choices of its own keys, its own validation rules, how many server actors it places, whether
+  its model updates are synchronous steps, its summary keys, and its cost-model prediction
+  from the config plus what it resolved at setup. Pure: importing a spec imports no Ray.
+* a `Strategy` -- its Ray shell, imported only when a run starts (`spec.create`):
+
+    with spec.create(config, cluster) as strategy:   # setup(): actors + identical replicas
+        strategy.run(recorder)                        # records stream out while it trains
+        params = strategy.parameters()                # {name: float32 array}
+                                                      # teardown(): kills only its actors
+
+A *model update* is one application of gradients to the authoritative parameters: one global
+step for synchronous strategies, one applied gradient for an asynchronous parameter server.
+Adding a strategy: one package with a spec and a Strategy subclass, and one registry line
+(README, "Adding a strategy").
 """
 
 from __future__ import annotations
 
-import threading
-import time
+import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from testbed.config import RunConfig
+from testbed.records import Recorder, step_record
 
 
-@dataclass
-class StepRecord:
-    """One worker iteration: what it computed, and where its time went."""
+class NotModelled(Exception):
+    """The cost model has no formula for this run; the message says why (kept in the summary)."""
 
-    run_id: str
-    strategy: str
-    worker: int
-    iteration: int
-    version_read: int  # version of the parameters the gradient was computed from
-    version_applied: int  # server version when applied (-1: dropped or not applied)
-    t_start: float  # wall clock (time.time) when the iteration started
-    compute_s: float
+
+@dataclass(frozen=True)
+class Prediction:
+    """The alpha-beta model's communication time per model update, and how it was derived."""
+
     comm_s: float
-    wait_s: float
-    bytes_sent: int  # logical bytes
-    bytes_recv: int
-    samples: int
-    loss: float
-    staleness: int  # version_applied - version_read; 0 for synchronous strategies
-    injected_delay_s: float
+    formula: str
+    comm_s_no_overlap: float | None = None  # the no-overlap upper bound, where comm_s pipelines
 
 
-@dataclass
-class UpdateRecord:
-    """One application of gradients to the authoritative parameters."""
+class StrategySpec(ABC):
+    """What is true of one strategy, known without Ray (see the module docstring)."""
 
-    version: int  # version after the update (1 for the first update)
-    t_applied: float
-    contributors: int
-    dropped: int
-    loss: float
+    name: str
+    family: str
+    runner: str  # "module:Class" of its Strategy, imported when a run starts
+    keys: frozenset[str] = frozenset()  # strategy-specific config keys it reads
+    choices: Mapping[str, tuple[str, ...]] = {}  # the allowed values of some of its keys
+    summary_keys: Mapping[str, str] = {}  # its own summary.json keys -> meaning (results/README)
 
+    def synchronous(self, cfg: RunConfig) -> bool:
+        """True when a model update is one global step that every worker contributes to."""
+        return True
 
-@dataclass
-class Event:
-    """A span on one actor's timeline (phase: compute/send/recv/reduce/apply/wait)."""
+    def servers(self, cfg: RunConfig) -> int:
+        """Actors besides the workers that it places (parameter-server shards)."""
+        return 0
 
-    actor: str
-    phase: str
-    t0: float
-    t1: float
+    def validate(self, cfg: RunConfig) -> None:  # noqa: B027 - most strategies have no rule of their own
+        """Its own rules beyond keys and choices; raise ConfigError (testbed.config.fail)."""
 
+    @abstractmethod
+    def predict(self, cfg: RunConfig, resolved: Mapping[str, Any], latency: float,
+                bandwidth: float) -> Prediction:
+        """The cost model's communication time per update on links of (latency s, bandwidth B/s);
+        `resolved` is what the run resolved at setup (summary extras: gradient bytes, buckets,
+        nodes, degree). Raise NotModelled with the reason when there is no formula."""
 
-STEP_COLUMNS = tuple(f.name for f in fields(StepRecord))
-UPDATE_COLUMNS = tuple(f.name for f in fields(UpdateRecord))
-EVENT_COLUMNS = tuple(f.name for f in fields(Event))
+    @abstractmethod
+    def bytes_per_worker(self, cfg: RunConfig, resolved: Mapping[str, Any]) -> float:
+        """The logical bytes one worker sends per iteration, by the model (beside the measured)."""
 
-
-class Recorder:
-    """Collects raw records in memory and lets a sink persist them as they arrive.
-
-    Thread-safe. `on_update` is called after each update (progress bars); `sink(recorder)` is
-    called at most every `flush_every_s` seconds and by `flush()`.
-    """
-
-    def __init__(
-        self,
-        sink: Callable[[Recorder], None] | None = None,
-        on_update: Callable[[UpdateRecord], None] | None = None,
-        flush_every_s: float = 2.0,
-    ) -> None:
-        self.steps: list[dict[str, Any]] = []
-        self.updates: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
-        self.extra: dict[str, Any] = {}  # strategy-specific summary additions
-        self._sink = sink
-        self._on_update = on_update
-        self._flush_every_s = flush_every_s
-        self._last_flush = time.monotonic()
-        self._lock = threading.RLock()
-
-    def step(self, rec: StepRecord) -> None:
-        with self._lock:
-            self.steps.append(asdict(rec))
-        self._maybe_flush()
-
-    def update(self, rec: UpdateRecord) -> None:
-        with self._lock:
-            self.updates.append(asdict(rec))
-        if self._on_update is not None:
-            self._on_update(rec)
-        self._maybe_flush()
-
-    def event(self, actor: str, phase: str, t0: float, t1: float) -> None:
-        with self._lock:
-            self.events.append({"actor": actor, "phase": phase, "t0": t0, "t1": t1})
-
-    def events_from(self, rows: list[tuple[str, str, float, float]]) -> None:
-        with self._lock:
-            self.events.extend({"actor": a, "phase": p, "t0": t0, "t1": t1} for a, p, t0, t1 in rows)
-
-    def fault(self, kind: str, actor: str, iteration: int, t0: float, t1: float, **detail: Any) -> None:
-        """Record a fault and its recovery (kept in the summary's `faults` list and the timeline)."""
-        with self._lock:
-            self.extra.setdefault("faults", []).append(
-                {"kind": kind, "actor": actor, "iteration": iteration, "t0": t0, "time_lost_s": t1 - t0,
-                 **detail})
-        self.event(actor, "fault", t0, t1)
-
-    def rollback(self, version: int) -> None:
-        """Updates after `version` were undone (a PS rollback): keep them aside, not in the table."""
-        with self._lock:
-            undone = [u for u in self.updates if u["version"] > version]
-            self.updates = [u for u in self.updates if u["version"] <= version]
-            self.extra.setdefault("rolled_back_updates", []).extend(undone)
-
-    def _maybe_flush(self) -> None:
-        if self._sink is not None and time.monotonic() - self._last_flush >= self._flush_every_s:
-            self.flush()
-
-    def flush(self) -> None:
-        if self._sink is None:
-            return
-        with self._lock:
-            self._last_flush = time.monotonic()
-            self._sink(self)
+    def create(self, config: RunConfig, cluster: Any, run_id: str = "run",
+               workdir: str | None = None) -> Strategy:
+        """Import this strategy's Ray shell and build it for one run."""
+        module, _, cls = self.runner.partition(":")
+        return getattr(importlib.import_module(module), cls)(self, config, cluster, run_id, workdir)
 
 
 class Strategy(ABC):
-    """Base class of every synchronisation strategy (one level of inheritance).
+    """The Ray shell of a strategy (one level of inheritance). `cluster` is a started
+    `testbed.runtime.cluster.Cluster`; `spec` is the StrategySpec that created it."""
 
-    Subclasses set `name` and `family` ("mapreduce", "ps", "allreduce") and implement the four
-    methods. `cluster` is a started `testbed.cluster.Cluster`.
-    """
-
-    name: ClassVar[str]
-    family: ClassVar[str]
-    synchronous: ClassVar[bool] = True
-
-    def __init__(self, config: RunConfig, cluster: Any, run_id: str = "run",
+    def __init__(self, spec: StrategySpec, config: RunConfig, cluster: Any, run_id: str = "run",
                  workdir: str | None = None) -> None:
+        self.spec = spec
         self.config = config
         self.cluster = cluster
         self.run_id = run_id
         self.workdir = workdir  # the run folder: checkpoints and other files of this run
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
     @abstractmethod
     def setup(self) -> None:
@@ -178,8 +119,16 @@ class Strategy(ABC):
         """Kill this strategy's actors (idempotent)."""
 
     def summary_extra(self) -> dict[str, Any]:
-        """Strategy-specific summary additions (derived from records by default: none)."""
+        """Strategy-specific summary additions (its spec's `summary_keys`)."""
         return {}
+
+    def record(self, recorder: Recorder, worker: int, iteration: int, report: dict[str, Any], *,
+               version_read: int, version_applied: int | None, wait_s: float) -> None:
+        """One worker iteration from its report: the StepRecord, and the spans it brought."""
+        recorder.events_from(report.pop("events", ()))
+        recorder.step(step_record(self.run_id, self.name, worker, iteration, report,
+                                  version_read=version_read, version_applied=version_applied,
+                                  wait_s=wait_s))
 
     def __enter__(self) -> Strategy:
         try:

@@ -16,10 +16,10 @@ is the workload name; the string "none" is None for optional keys such as ps.sta
     workers = [1, 2, 4]
 
 Every point is validated before Ray starts (one stderr line naming the key and the fix, exit 2).
-A family-specific key that does not apply to a point's strategy (ps.* off the parameter
-server, ps.staleness_bound off ps-async, ps.backup_workers off ps-sync, ring.* off allreduce)
-is reset to its default for that point; a combination that thereby repeats an earlier point is
-not run again but recorded as "skipped" in points.jsonl (and left out of runs.parquet).
+A strategy-specific key that a point's strategy does not read (its spec's `keys`: ps.* off the
+parameter server, ring.* off the allreduce strategies, ...) is reset to its default for that
+point; a combination that thereby repeats an earlier point is not run again but recorded as
+"skipped" in points.jsonl (and left out of runs.parquet).
 
 Each point x repeat runs through `testbed.session.execute`, exactly the single-run code path,
 on one Ray instance shared by the whole sweep. Repeat r of every point runs before repeat r+1,
@@ -34,7 +34,8 @@ failed or interrupted ones. Exit code: 0 all completed, 1 some failed, 2 bad spe
     <out>/<name>/figures/        PNG + SVG from testbed.analysis.plots
 
 Spec parsing and grid expansion live in `testbed.sweepspec`; the table's I/O in
-`testbed.analysis.results` (`load_table` and `run_tables` are importable from here too).
+`testbed.analysis.results` and `testbed.analysis.plots` (`load_table` and `run_tables` are
+importable from here too).
 
 --update-baseline runs every point afresh (earlier run folders are kept, not reused) and, if
 all completed and the curves follow the cost model, writes the step-time ratios to --baseline
@@ -55,13 +56,8 @@ from typing import Any
 
 import pandas as pd
 
-from testbed.analysis.results import (
-    arrow_safe,
-    load_table,
-    run_tables,
-    summary_columns,
-    write_sweep_table,
-)
+from testbed.analysis.plots import run_tables
+from testbed.analysis.results import arrow_safe, load_table, summary_columns, write_sweep_table
 from testbed.config import ConfigError
 from testbed.sweepspec import (
     SWEEP_OWNED,
@@ -128,24 +124,13 @@ def run_point(point: Point, runs_dir: Path) -> dict[str, Any]:
 
 def _start_ray(points: list[Point]) -> bool:
     """Start (or attach to) one Ray for the whole sweep; True if this call started it."""
-    import ray
+    from testbed.runtime.cluster import start_ray
 
-    if ray.is_initialized():
-        return False
     addresses = {p.config.cluster.address for p in points}
     if len(addresses) > 1:
         raise ConfigError(f"cluster.address {sorted(map(str, addresses))}: one sweep runs on one "
                           "cluster; put cluster.address in [base]")
-    address = addresses.pop() or os.environ.get("RAY_ADDRESS") or None
-    try:
-        if address is None:
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False)
-        else:
-            ray.init(address=address, include_dashboard=False, configure_logging=False)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise ConfigError(f"cluster.address {address!r}: cannot start or reach Ray ({exc}); "
-                          "start a head with 'ray start --head' or drop the address") from None
-    return True
+    return start_ray(addresses.pop(), flag="cluster.address")
 
 
 def run_all(todo: list[Point], total: int, sweep_dir: Path, quiet: bool) -> bool:
@@ -226,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(args.spec)
         sweep_dir = Path(args.out) / spec.name
         families = registry.families()
-        points, skipped = expand(spec, families, str(sweep_dir / "runs"))
+        points, skipped = expand(spec, registry.SPECS, str(sweep_dir / "runs"))
         sweep_dir.mkdir(parents=True, exist_ok=True)
     except (ConfigError, OSError) as exc:
         print(f"testbed.sweep: error: {exc}", file=sys.stderr)

@@ -7,7 +7,6 @@ RunConfigs, one Point per combination x repeat, repeat-major. The spec format is
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -18,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.config import ConfigError, RunConfig, validate, with_overrides
+from testbed.config import ConfigError, RunConfig, leaves, validate, with_overrides
+from testbed.config.validate import strategy_keys
 
 try:
     import tomllib
@@ -30,35 +30,22 @@ SWEEP_OWNED = ("out", "quiet")  # the sweep sets these for every point
 
 
 def config_keys() -> dict[str, str]:
-    """Every settable spec key (dotted for sub-configs) -> its type annotation."""
+    """Every settable spec key (dotted for sub-configs) -> its type ("int", "float", "str", "bool";
+    spec strings such as compression are "str"), "| None" when the key may be none."""
     keys: dict[str, str] = {}
-    for f in dataclasses.fields(RunConfig):
-        if f.name in SWEEP_OWNED:
+    for key, f in leaves():
+        if key in SWEEP_OWNED:
             continue
-        if dataclasses.is_dataclass(f.default_factory):
-            sub = dataclasses.fields(f.default_factory)
-            keys.update({f"{f.name}.{s.name}": str(s.type) for s in sub})
-        else:
-            keys[f.name] = str(f.type)
+        kind = "str" if f.metadata.get("parse") else str(f.type).split("|")[0].strip()
+        keys[key] = kind + (" | None" if "None" in str(f.type) else "")
     return keys
 
 
-def applies(key: str, strategy: str, family: str | None) -> bool:
-    """Whether a family-specific key means anything for this strategy."""
-    if key.startswith("ps."):
-        only = {"ps.staleness_bound": "ps-async", "ps.backup_workers": "ps-sync"}.get(key)
-        return family == "ps" and (only is None or strategy == only)
-    if key.startswith("ring."):
-        if key in ("ring.algorithm", "ring.node_size") and strategy == "allreduce-torch":
-            return False  # the library picks its own algorithm
-        return family == "allreduce"
-    if key.startswith("gossip."):
-        return family == "gossip"
-    if key == "compression":
-        from testbed.config import COMPRESSION_STRATEGIES
-
-        return strategy in COMPRESSION_STRATEGIES
-    return True
+def applies(key: str, strategy: str, specs: Mapping[str, Any]) -> bool:
+    """Whether a key means anything for this strategy (its spec reads it, or every strategy does)."""
+    if strategy not in specs or key not in strategy_keys(specs):
+        return True
+    return key in specs[strategy].keys
 
 
 # ---------------------------------------------------------------- spec
@@ -160,7 +147,7 @@ def _coerce(key: str, value: Any, where: str) -> Any:
 # ---------------------------------------------------------------- points
 
 
-def expand(spec: Spec, families: Mapping[str, str], runs_dir: str) -> tuple[list[Point], list[dict]]:
+def expand(spec: Spec, specs: Mapping[str, Any], runs_dir: str) -> tuple[list[Point], list[dict]]:
     """Grid -> validated points (repeat-major) and the skipped duplicate combinations."""
     keys = list(spec.grid)
     configs: list[tuple[RunConfig, dict[str, Any]]] = []
@@ -168,7 +155,7 @@ def expand(spec: Spec, families: Mapping[str, str], runs_dir: str) -> tuple[list
     skipped: list[dict[str, Any]] = []
     for combo in itertools.product(*spec.grid.values()):
         values = dict(zip(keys, combo, strict=True))
-        cfg = _resolve(spec, {**spec.base, **values}, families, runs_dir)
+        cfg = _resolve(spec, {**spec.base, **values}, specs, runs_dir)
         digest = _digest(cfg, None)
         if digest in seen:
             skipped.append({"values": values, "same_as": seen[digest]})
@@ -180,14 +167,12 @@ def expand(spec: Spec, families: Mapping[str, str], runs_dir: str) -> tuple[list
     return points, skipped
 
 
-def _resolve(spec: Spec, values: dict[str, Any], families: Mapping[str, str],
+def _resolve(spec: Spec, values: dict[str, Any], specs: Mapping[str, Any],
              runs_dir: str) -> RunConfig:
-    strategy = values.get("strategy", RunConfig.strategy)
-    family = families.get(strategy)
-    kept = {k: v for k, v in values.items() if applies(k, strategy, family)}
-    cfg = with_overrides(RunConfig(out=runs_dir, quiet=True), **kept)
+    strategy = values.get("strategy", RunConfig().strategy)
+    kept = {k: v for k, v in values.items() if applies(k, strategy, specs)}
     try:
-        return validate(cfg, families)
+        return validate(with_overrides(RunConfig(out=runs_dir, quiet=True), **kept), specs)
     except ConfigError as exc:
         grid = ", ".join(f"{k}={values[k]!r}" for k in spec.grid)
         raise ConfigError(f"{spec.path}: point {{{grid}}}: {exc}") from None
@@ -200,7 +185,7 @@ def _digest(cfg: RunConfig, repeat: int | None) -> str:
 
 
 def flat_config(cfg: RunConfig) -> dict[str, Any]:
-    """RunConfig -> {dotted key: value} over the settable keys."""
+    """RunConfig -> {dotted key: value} over the settable keys (spec strings as their text)."""
     d = cfg.to_dict()
     return {k: (d[k.split(".")[0]][k.split(".")[1]] if "." in k else d[k]) for k in config_keys()}
 

@@ -1,10 +1,28 @@
-import os
+"""Test tiers and the one Ray of a test session.
+
+    tests/unit   no Ray (checked below), no cluster; seconds
+    tests/ray    marked `ray`: one local Ray for the whole session, started on first use
+    slow         the long end-to-end checks (sweeps, signals, hangs); `pytest -m "not slow"`
+                 is the inner loop, plain `pytest` the full suite CI runs
+    gpu          needs a CUDA device; skipped with the reason otherwise
+"""
+
+import sys
+from pathlib import Path
 
 import pytest
 
+HERE = Path(__file__).resolve().parent
+
 
 def pytest_collection_modifyitems(config, items):
-    """GPU tests skip with a reason when no CUDA device is present."""
+    """Mark the tiers; GPU tests skip with a reason when no CUDA device is present."""
+    for item in items:
+        if HERE / "ray" in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.ray)
+            item.fixturenames.insert(0, "ray_cluster")  # every Ray test shares the session's Ray
+    if not any("gpu" in item.keywords for item in items):
+        return
     try:
         import torch
 
@@ -19,14 +37,30 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="module")
+def pytest_sessionfinish(session, exitstatus):
+    """The unit tier must not import Ray: when only unit tests ran, Ray must not be loaded."""
+    items = getattr(session, "items", [])
+    if items and all(HERE / "unit" in Path(i.fspath).parents for i in items) and "ray" in sys.modules:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print("\ntests/unit imported Ray: the unit tier must run without it", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
-    """One local Ray per test module: dashboard off, token auth on, explicit CPUs."""
+    """One local Ray for the session (dashboard off, token auth on, explicit CPUs), started by
+    the same code a run uses. A test that needs another cluster shuts this one down and calls
+    `restart_session_ray()` when it is done."""
+    from testbed.runtime.cluster import start_ray
+
+    start_ray(None)
+    yield
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, configure_logging=False,
-             log_to_driver=False)
-    yield
-    ray.shutdown()
+
+
+def restart_session_ray():
+    from testbed.runtime.cluster import start_ray
+
+    start_ray(None)

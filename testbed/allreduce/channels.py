@@ -57,8 +57,8 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed.allreduce.transport import StepAborted
 from testbed.runtime.remote import RemoteTimeout
+from testbed.runtime.transport import StepAborted
 
 SPIN_S = 5e-5
 MAX_SLEEP_S = 2.5e-4

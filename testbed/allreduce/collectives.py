@@ -1,7 +1,7 @@
 """Run one rank's part of a collective over a transport: ring, any pure schedule, sparse gather.
 
 The schedules are `ring.py`'s and `algorithms.py`'s; these functions only walk them, moving
-pieces with a transport (`transport.py`) and adding or copying what arrives. No Ray import:
+pieces with a transport (`testbed.runtime.transport`) and adding or copying what arrives. No Ray import:
 the transport is whatever the actor wired. Buffers are numpy arrays or torch tensors (any
 device: adds run where the buffer lives). Every function returns bytes as they went on the
 wire (after the `Wire` encoding), before any logical/physical scaling.
@@ -16,7 +16,7 @@ import numpy as np
 
 from testbed.allreduce.algorithms import Round
 from testbed.allreduce.ring import allgather_schedule, chunk_bounds, scatter_reduce_schedule
-from testbed.allreduce.transport import Wire, like
+from testbed.runtime.transport import Wire, like
 
 _PLAIN = Wire(half=False)
 

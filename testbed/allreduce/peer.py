@@ -1,7 +1,7 @@
 """The allreduce family's actor shell: a worker that trains and allreduces its gradient buckets.
 
 The schedules (which piece goes where in which round) are `ring.py`'s and `algorithms.py`'s;
-`collectives.py` walks them over a transport (`transport.py`); this module wires the peers
+`collectives.py` walks them over a transport (`testbed.runtime.transport`); this module wires the peers
 and runs one training step. The driver starts a step and collects timings, but never relays
 a chunk.
 
@@ -31,7 +31,9 @@ from testbed.allreduce.algorithms import bytes_moved, groups_of_size, schedule
 from testbed.allreduce.channels import Link, Outgoing
 from testbed.allreduce.collectives import ring_allreduce, run_schedule, sparse_ring_allgather
 from testbed.allreduce.ring import make_buckets, ring_neighbours
-from testbed.allreduce.transport import (
+from testbed.compression import Compressor, unpack_sparse
+from testbed.runtime.remote import RemoteTimeout, get
+from testbed.runtime.transport import (
     Mailbox,
     ObjectStoreTransport,
     TorchTransport,
@@ -39,9 +41,6 @@ from testbed.allreduce.transport import (
     like,
     to_numpy,
 )
-from testbed.compression import Compressor, parse_compression, unpack_sparse
-from testbed.emulation.faults import NonFiniteGradient, is_finite, poison
-from testbed.runtime.remote import RemoteTimeout, get
 from testbed.runtime.worker import WorkerBase
 
 __all__ = ["Mailbox", "ObjectStoreTransport", "RingPeer", "TorchTransport", "ring_allreduce", "wire_ring"]
@@ -84,8 +83,8 @@ class RingPeer(WorkerBase):
         self.buckets = make_buckets(sizes, elems)
         self.bucket_numels = [sum(sizes[i] for i in b) for b in self.buckets]
         self.algorithm = config.ring.algorithm
-        self.compression = parse_compression(config.compression)
-        self.wire = Wire(half=self.compression.kind == "fp16")
+        self.compress_spec = config.compression
+        self.wire = Wire(half=self.compress_spec.kind == "fp16")
         self.compressors: dict[int, Compressor] = {}  # top-k: one residual per bucket
         self.groups = groups_of_size(self.n, config.ring.node_size or self.n)
         self._schedules: dict[int, list] = {}
@@ -94,7 +93,6 @@ class RingPeer(WorkerBase):
         self._recoverable = (not library and config.ring.transport == "object-store"
                              and config.faults.max_restarts > 0)
         self.attempt = 0
-        self._poison = False  # injected NaN fault for this step
 
     # ---- wiring
     def deliver(self, tag: Any, payload: np.ndarray, departure: float | None = None) -> None:
@@ -116,8 +114,8 @@ class RingPeer(WorkerBase):
                 return None
             largest = max(self.bucket_numels, default=0)
             nbytes = -(-largest // self.n) * 4
-            if self.compression.kind == "topk":
-                nbytes = max(nbytes, Compressor(self.compression, largest).payload_bytes)
+            if self.compress_spec.kind == "topk":
+                nbytes = max(nbytes, Compressor(self.compress_spec, largest).payload_bytes)
         self._outgoing = Outgoing(right, right_node, nbytes)
         return self._outgoing.reader_end()
 
@@ -174,9 +172,6 @@ class RingPeer(WorkerBase):
     # ---- one training step
     def _reduce_bucket(self, iteration: int, b: int, view: Any) -> tuple[float, int, int]:
         t0 = time.time()
-        if self._poison:
-            poison(view)
-            self._poison = False
         if self.library:
             import torch
             import torch.distributed as dist
@@ -193,7 +188,7 @@ class RingPeer(WorkerBase):
 
     def _allreduce(self, view: Any, tag: Any, b: int) -> tuple[int, int]:
         """Sum one bucket across the peers in place by --algorithm; return wire bytes (sent, recv)."""
-        if self.compression.kind == "topk":
+        if self.compress_spec.kind == "topk":
             return self._topk_allreduce(view, tag, b)
         if len(view) not in self._schedules:
             self._schedules[len(view)] = schedule(self.algorithm, self.rank, self.n, len(view), self.groups)
@@ -205,7 +200,7 @@ class RingPeer(WorkerBase):
 
     def _topk_allreduce(self, view: Any, tag: Any, b: int) -> tuple[int, int]:
         """Compress once (error feedback), gather every rank's sparse piece, sum them densely."""
-        comp = self.compressors.setdefault(b, Compressor(self.compression, len(view)))
+        comp = self.compressors.setdefault(b, Compressor(self.compress_spec, len(view)))
         packed = comp.compress(to_numpy(view))
         dense = np.zeros(len(view), np.float32)
         for piece in sparse_ring_allgather(packed, self.rank, self.n, self.transport, tag):
@@ -230,19 +225,14 @@ class RingPeer(WorkerBase):
     def train_step(self, iteration: int, attempt: int = 0) -> dict[str, Any]:
         """Compute, allreduce every bucket (overlapped with backward or after it), apply SGD."""
         t_start = time.time()
-        fault = self.inject(iteration)
         self.attempt = attempt  # tags carry it: messages of an aborted attempt never match
-        self._poison = fault == "nan"
-        delay = self.straggle(iteration, 0.0)
         batch = self.workload.batch(self.rank, iteration)
         bucket_s = [0.0] * len(self.buckets)
         sent = [0, 0]  # wire bytes sent, received
-        t_c0 = time.time()
         if self.config.ring.overlap and self.n > 1:
-            grad, loss, samples, t_c1 = self._overlapped(iteration, batch, bucket_s, sent)
+            grad, info = self._overlapped(iteration, batch, bucket_s, sent)
         else:
-            grad, loss, samples = self.workload.gradient_buckets(batch, self.buckets, lambda b, v: None)
-            t_c1 = time.time()
+            grad, info = self.gradient(iteration, batch, self.buckets, lambda b, v: None)
             for b, idx in enumerate(self.buckets):
                 bucket_s[b], out, into = self._reduce_bucket(iteration, b, self.workload.bucket_view(grad, idx))
                 sent[0] += out
@@ -250,24 +240,20 @@ class RingPeer(WorkerBase):
         t_comm_end = time.time()
         if self.transport is not None:
             self.transport.settle()
-        self.span("compute", t_c0, t_c1)
         t_a0 = time.time()
         grad /= self.n  # average, not sum: equals SGD on the concatenated batch
         # a NaN anywhere reaches every peer's sum alike, so all peers skip the same update
-        finite = is_finite(to_numpy(grad))
+        finite = self.nan.admit(grad, f"step {iteration}: the summed gradient")
         if finite:
             if self._recoverable:  # what a rollback returns to; its copy is part of apply_s
                 self._snapshot = (iteration, self.workload.get_params())
             self.workload.apply_update(grad, self.config.workload.lr)
-        elif self.config.faults.on_nan == "stop":
-            raise NonFiniteGradient(f"step {iteration}: the summed gradient is not finite (--on-nan stop)")
         t_a1 = time.time()
         self.span("apply", t_a0, t_a1)
-        return {"t_start": t_start, "compute_s": t_c1 - t_c0, "comm_s": t_comm_end - t_c1,
-                "apply_s": t_a1 - t_a0, "bucket_s": bucket_s, "bytes_sent": int(sent[0] * self.logical_factor),
-                "bytes_recv": int(sent[1] * self.logical_factor),
-                "loss": loss, "samples": samples, "injected_delay_s": delay, "t_end": t_a1,
-                "applied": finite}
+        return self.report({
+            **info, "t_start": t_start, "comm_s": t_comm_end - info["t_computed"], "apply_s": t_a1 - t_a0,
+            "bucket_s": bucket_s, "bytes_sent": int(sent[0] * self.logical_factor),
+            "bytes_recv": int(sent[1] * self.logical_factor), "t_end": t_a1, "applied": finite})
 
     def _overlapped(self, iteration: int, batch: Any, bucket_s: list[float], sent: list[int]):
         """Backward hands finished buckets to a comm thread that allreduces them meanwhile."""
@@ -277,6 +263,8 @@ class RingPeer(WorkerBase):
         def comm() -> None:
             for _ in self.buckets:
                 b, view = ready.get()
+                if view is None:  # compute failed: nothing more comes
+                    return
                 try:
                     bucket_s[b], out, into = self._reduce_bucket(iteration, b, view)
                     sent[0] += out
@@ -288,12 +276,15 @@ class RingPeer(WorkerBase):
         thread = threading.Thread(target=comm, name=f"ring-comm-{self.rank}", daemon=True)
         thread.start()
         self._comm_thread = thread
-        grad, loss, samples = self.workload.gradient_buckets(batch, self.buckets, lambda b, v: ready.put((b, v)))
-        t_c1 = time.time()
+        try:
+            grad, info = self.gradient(iteration, batch, self.buckets, lambda b, v: ready.put((b, v)))
+        except BaseException:
+            ready.put((None, None))
+            raise
         thread.join(timeout=self.config.cluster.timeout_s)
         if errors:
             raise errors[0]
         if thread.is_alive():
             raise RemoteTimeout(f"worker {self.rank}: bucket allreduce did not finish within "
                                 f"{self.config.cluster.timeout_s:g}s")
-        return grad, loss, samples, t_c1
+        return grad, info

@@ -41,6 +41,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from testbed.split import chunk_bounds
+
 __all__ = [
     "allgather_schedule",
     "bytes_sent_per_rank",
@@ -65,22 +67,6 @@ def _check_rank(rank: int, n: int) -> None:
     _check_n(n)
     if not 0 <= rank < n:
         raise ValueError(f"rank must be in [0, {n}), got {rank}")
-
-
-def chunk_bounds(length: int, n: int) -> list[tuple[int, int]]:
-    """Split [0, length) into n half-open chunks whose sizes differ by at most one."""
-    _check_n(n)
-    if length < 0:
-        raise ValueError(f"length must be >= 0, got {length}")
-    base, extra = divmod(length, n)
-    bounds = []
-    start = 0
-    for c in range(n):
-        # The first `extra` chunks absorb the remainder, one element each.
-        end = start + base + (1 if c < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
 
 
 def ring_neighbours(rank: int, n: int) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""Strategies `ring` (our peer-to-peer allreduce) and `allreduce-torch` (the library baseline).
+"""The Ray shell of `ring` (our peer-to-peer allreduce) and `allreduce-torch` (the library's).
 
 Every worker holds a full replica. Per step each computes its gradient, the gradient buckets
 (tensor fusion, last layers first, `--bucket-mb`) are summed across workers — by our ring
@@ -29,8 +29,9 @@ import ray
 from testbed.allreduce.algorithms import groups_from_nodes, groups_of_size
 from testbed.allreduce.peer import RingPeer, wire_ring
 from testbed.emulation.faults import NonFiniteGradient
+from testbed.records import Recorder, UpdateRecord
 from testbed.runtime import remote
-from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
+from testbed.strategy import Strategy
 from testbed.workloads.base import unflatten
 
 RemotePeer = ray.remote(RingPeer)
@@ -38,20 +39,16 @@ CONCURRENCY = 4  # step thread + deliver threads (messages from the left neighbo
 
 
 class RingAllreduce(Strategy):
-    name = "ring"
-    family = "allreduce"
-    library = False
-
     def setup(self) -> None:
         cfg = self.config
+        self.library = self.spec.library
         self.peers = remote.spawn(RemotePeer, self.cluster, cfg.workers, cfg, device=self.cluster.device,
                                   concurrency=CONCURRENCY, library=self.library,
                                   max_restarts=cfg.faults.max_restarts)
         t = cfg.cluster.timeout_s
         self.liveness = remote.Liveness(self.peers, t, "ring worker")
         params = remote.get(self.peers[0].get_params.remote(), t, "initial parameters")
-        ref = ray.put(params)
-        remote.get([p.set_params.remote(ref) for p in self.peers], t, "parameter broadcast")
+        remote.broadcast(self.peers, params, t)
         if self.library or cfg.ring.transport == "torch":
             host, port = remote.get(self.peers[0].rendezvous.remote(), t, "rendezvous")
             remote.get([p.connect_torch.remote(host, port) for p in self.peers], t, "torch.distributed init")
@@ -95,25 +92,21 @@ class RingAllreduce(Strategy):
                     attempt += 1
             t_done = time.time()
             last_end = max(i["t_end"] for i in infos)
-            for r, info in enumerate(infos):
-                recorder.step(StepRecord(
-                    run_id=self.run_id, strategy=self.name, worker=r, iteration=step,
-                    version_read=step, version_applied=step, t_start=info["t_start"],
-                    compute_s=info["compute_s"], comm_s=info["comm_s"],
-                    wait_s=(info["t_start"] - t_issue) + (last_end - info["t_end"]) + info["apply_s"],
-                    bytes_sent=info["bytes_sent"], bytes_recv=info["bytes_recv"],
-                    samples=info["samples"], loss=info["loss"], staleness=0,
-                    injected_delay_s=info["injected_delay_s"]))
-                self.bucket_s.append(info["bucket_s"])
-                self.overlap_saved.append(max(0.0, sum(info["bucket_s"]) - info["comm_s"]))
             applied = all(i["applied"] for i in infos)
+            for r, info in enumerate(infos):
+                self.record(recorder, r, step, info, version_read=step,
+                            version_applied=step if applied else None,
+                            wait_s=(info["t_start"] - t_issue) + (last_end - info["t_end"]) + info["apply_s"])
+                self.bucket_s.append(info["bucket_s"])
+                # communication hidden under backward: what the buckets took, minus what was
+                # left after backward ended (negative when overlap made things slower)
+                self.overlap_saved.append(sum(info["bucket_s"]) - info["comm_s"])
             if not applied:
                 recorder.fault("nan-skipped", "ring", step, t_done, t_done)
             recorder.update(UpdateRecord(version=step + 1, t_applied=t_done, contributors=n if applied else 0,
                                          dropped=0 if applied else n,
                                          loss=float(np.mean([i["loss"] for i in infos]))))
-        recorder.events_from([e for p in self.peers
-                              for e in remote.get(p.drain_events.remote(), cfg.cluster.timeout_s, "events")])
+        recorder.events_from(remote.drain_events(self.peers, cfg.cluster.timeout_s))
 
     def _recover(self, recorder: Recorder, step: int, refs: list[Any], exc: BaseException, t0: float) -> None:
         """A peer died or hung mid-step: abort the step everywhere, restart the peer, rebuild
@@ -122,7 +115,7 @@ class RingAllreduce(Strategy):
         Only the object-store transport can be rebuilt; torch.distributed process groups do not
         survive a member's death, so those runs stop with the error.
         """
-        cause = getattr(exc, "cause", None) or exc
+        cause = remote.root_cause(exc)
         if isinstance(cause, NonFiniteGradient):
             raise NonFiniteGradient(str(cause).splitlines()[0]) from None
         if self.library or self.config.ring.transport != "object-store":
@@ -134,13 +127,12 @@ class RingAllreduce(Strategy):
             self.peers[i].abort.remote()
         ray.wait(refs, num_returns=len(refs), timeout=t)  # every attempt ends (aborted or done)
         for i in dead:
-            self.liveness.alive(i, self.liveness.wait_alive(i))
+            self.liveness.wait_alive(i)
         if not live:
             raise RuntimeError(f"{self.name}: every peer died at step {step}; nothing to resume from")
         remote.get([self.peers[i].reset.remote(step) for i in live], t, "ring reset")
         params = remote.get(self.peers[live[0]].get_params.remote(), t, "survivor parameters")
-        ref = ray.put(params)
-        remote.get([self.peers[i].set_params.remote(ref) for i in dead], t, "parameter re-sync")
+        remote.broadcast([self.peers[i] for i in dead], params, t, "parameter re-sync")
         wire_ring(self.peers, t)
         if self.config.ring.algorithm == "hierarchical":
             remote.get([self.peers[i].set_groups.remote(self.groups) for i in dead], t, "node groups")
@@ -175,10 +167,3 @@ class RingAllreduce(Strategy):
 
     def teardown(self) -> None:
         remote.kill_all(getattr(self, "peers", []))
-
-
-class TorchAllreduce(RingAllreduce):
-    """The library baseline: the same buckets summed by torch.distributed.all_reduce."""
-
-    name = "allreduce-torch"
-    library = True

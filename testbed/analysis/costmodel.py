@@ -1,4 +1,7 @@
-"""Predict per-step communication time of each strategy with the alpha-beta model.
+"""The alpha-beta cost model: communication time per step, one pure function per schedule.
+
+Each strategy's spec (`<package>/spec.py`) composes these into its prediction; nothing here
+knows strategy names.
 
 Symbols: K gradient bytes, N workers, S parameter-server shards, a one-way latency (s),
 B per-NIC bandwidth (bytes/s). One synchronous step, no overlap of compute and
@@ -28,7 +31,15 @@ delivers worker i's pull at a + (i + S) K/(S B) (its S pieces serialise at the w
 ingress), the worker's S pushes leave one after another and the last reaches its shard
 a + S K/(S B) later; the last worker (i = N-1) ends the step. With S = 1 this is
 2a + (N+1) K/B, the same as the driver of MapReduce. The no-overlap formulas above are the
-upper bounds every step respects; `predict` reports both.
+upper bounds every step respects; the specs report both.
+
+Compressed pushes (``--compression`` on the parameter server and MapReduce): a worker pushes
+P bytes in all (P = K/2 for fp16, about 2 F K for top-k) while parameters still travel as K.
+Worker i's pull lands at a + (i + S) K/(S B) as above, its pushes leave back to back and the
+last lands P/B + a later; pushes of consecutive workers reach a shard K/(S B) apart and each
+holds its ingress only P/(S B) <= K/(S B), so they never queue. The last worker ends the step:
+``2a + (N + S - 1) K/(S B) + P/B`` (MapReduce: ``2a + N K/B + P/B``); the no-overlap bounds
+become ``2a + N (K + P)/(S B)`` and ``2a + N (K + P)/B``.
 
 Halving-doubling (Rabenseifner): ``2 log2(N) a + 2 (N-1)/N K/B``. Recursive halving does
 log2 N rounds exchanging K/2, K/4, ..., K/N bytes, which sum to (N-1)/N K; recursive
@@ -60,7 +71,8 @@ Asynchronous gossip averages with one neighbour per iteration: the model goes th
 neighbour's comes back, ``2(a + K/B)``.
 
 Asynchronous parameter server: ``2(a + K/(S B))`` per applied gradient -- one worker's own
-push and pull round trip through one shard's NIC with no other worker queued ahead of it.
+push and pull round trip through one shard's NIC with no other worker queued ahead of it
+(``2a + (P + K)/(S B)`` with compressed pushes).
 Contention from the other N-1 workers can only add to this, so it is a lower bound.
 """
 
@@ -68,20 +80,14 @@ from __future__ import annotations
 
 import math
 
-from testbed.compression import parse_compression
-
 __all__ = [
-    "STRATEGIES",
-    "bytes_per_worker_per_step",
     "gossip_comm_s",
-    "allreduce_comm_s",
     "gossip_async_comm_s",
     "halving_doubling_comm_s",
     "halving_doubling_folded_comm_s",
     "hierarchical_comm_s",
     "mapreduce_comm_s",
     "mapreduce_pipelined_comm_s",
-    "predict",
     "ps_async_comm_s",
     "ps_sync_comm_s",
     "ps_sync_pipelined_comm_s",
@@ -89,20 +95,6 @@ __all__ = [
     "sparse_allgather_comm_s",
     "tree_comm_s",
 ]
-
-STRATEGIES = (
-    "ring",
-    "allreduce-torch",
-    "ps-sync",
-    "ps-async",
-    "mapreduce",
-    "halving-doubling",
-    "tree",
-    "hierarchical",
-    "gossip",
-)
-ALGORITHMS = ("ring", "halving-doubling", "tree", "hierarchical")  # --algorithm of `ring`
-
 
 def _count(name: str, value: int, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -130,21 +122,25 @@ def ring_comm_s(n: int, k: float, a: float, b: float, buckets: int = 1) -> float
     return 2 * (n - 1) * (buckets * a + k / (n * b))
 
 
-def ps_sync_comm_s(n: int, k: float, a: float, b: float, shards: int = 1) -> float:
-    """Return 2(a + N K/(S B))."""
+def ps_sync_comm_s(n: int, k: float, a: float, b: float, shards: int = 1,
+                   push: float | None = None) -> float:
+    """Return 2a + N (P + K)/(S B), P = pushed gradient bytes (K unless compressed)."""
     _count("workers", n, 1)
     _count("shards", shards, 1)
     _link(k, a, b)
-    # Push then pull; each moves N*K/S bytes through one shard NIC queue.
-    return 2 * (a + n * k / (shards * b))
+    p = k if push is None else push
+    # Push then pull; each phase moves N gradients (N*P/S) or N parameter slices (N*K/S)
+    # through one shard NIC queue.
+    return 2 * a + n * (p + k) / (shards * b)
 
 
-def mapreduce_comm_s(n: int, k: float, a: float, b: float) -> float:
-    """Return 2(a + N K/B)."""
+def mapreduce_comm_s(n: int, k: float, a: float, b: float, push: float | None = None) -> float:
+    """Return 2a + N (K + P)/B, P = a worker's gradient bytes (K unless compressed)."""
     _count("workers", n, 1)
     _link(k, a, b)
-    # Broadcast N*K out of the driver's egress, then gather N*K into its ingress.
-    return 2 * (a + n * k / b)
+    p = k if push is None else push
+    # Broadcast N*K out of the driver's egress, then gather N*P into its ingress.
+    return 2 * a + n * (k + p) / b
 
 
 def halving_doubling_comm_s(n: int, k: float, a: float, b: float) -> float:
@@ -194,28 +190,6 @@ def sparse_allgather_comm_s(n: int, payload: float, a: float, b: float, buckets:
     return (n - 1) * (buckets * a + payload / b)
 
 
-def allreduce_comm_s(algorithm: str, n: int, k: float, a: float, b: float, buckets: int = 1,
-                     node_size: int | None = None, nodes: int | None = None) -> float:
-    """Dispatch on --algorithm (ring, halving-doubling, tree, hierarchical)."""
-    if algorithm == "ring":
-        return ring_comm_s(n, k, a, b, buckets=buckets)
-    if algorithm == "halving-doubling":
-        return halving_doubling_folded_comm_s(n, k, a, b, buckets=buckets)
-    if algorithm == "tree":
-        return tree_comm_s(n, k, a, b, buckets=buckets)
-    if algorithm == "hierarchical":
-        return hierarchical_comm_s(n, k, a, b, node_size, buckets=buckets, nodes=nodes)
-    raise ValueError(f"algorithm {algorithm!r}: unknown; use one of {', '.join(ALGORITHMS)}")
-
-
-_FORMULAS = {
-    "ring": "2*(N-1)*(a + K/(N*B))",
-    "halving-doubling": "2*log2(p)*a + 2*(p-1)/p*K/B [+ 2*(a + K/B) if N > p = 2^floor(log2 N)]",
-    "tree": "2*ceil(log2(N))*(a + K/B)",
-    "hierarchical": "2*ceil(log2(g))*(a + K/B) + 2*(M-1)*(a + K/(M*B))",
-}
-
-
 def gossip_async_comm_s(k: float, a: float, b: float) -> float:
     """Return 2(a + K/B): one pairwise exchange (model out, neighbour's model back)."""
     _link(k, a, b)
@@ -232,132 +206,33 @@ def gossip_comm_s(d: int, k: float, a: float, b: float) -> float:
     return a + d * k / b
 
 
-def ps_sync_pipelined_comm_s(n: int, k: float, a: float, b: float, shards: int = 1) -> float:
-    """Return 2a + (N + 2S - 1) K/(S B): pulls and pushes overlap on full-duplex NICs."""
-    _count("workers", n, 1)
-    _count("shards", shards, 1)
-    _link(k, a, b)
-    return 2 * a + (n + 2 * shards - 1) * k / (shards * b)
+def ps_sync_pipelined_comm_s(n: int, k: float, a: float, b: float, shards: int = 1,
+                             push: float | None = None) -> float:
+    """Return 2a + (N + S - 1) K/(S B) + P/B: pulls and pushes overlap on full-duplex NICs.
 
-
-def mapreduce_pipelined_comm_s(n: int, k: float, a: float, b: float) -> float:
-    """Return 2a + (N + 1) K/B: the driver's broadcast and gather overlap."""
-    _count("workers", n, 1)
-    _link(k, a, b)
-    return 2 * a + (n + 1) * k / b
-
-
-def ps_async_comm_s(n: int, k: float, a: float, b: float, shards: int = 1) -> float:
-    """Return the lower bound 2(a + K/(S B)) per applied gradient; N only validated."""
-    _count("workers", n, 1)
-    _count("shards", shards, 1)
-    _link(k, a, b)
-    # One push of K/S bytes to a shard and one pull back, with nobody queued ahead.
-    return 2 * (a + k / (shards * b))
-
-
-def _strategy(strategy: str) -> str:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy {strategy!r}: unknown; use one of {', '.join(STRATEGIES)}")
-    return strategy
-
-
-def predict(
-    strategy: str,
-    *,
-    workers: int,
-    grad_bytes: float,
-    latency: float,
-    bandwidth: float,
-    shards: int = 1,
-    buckets: int = 1,
-    compute_s: float = 0.0,
-    degree: int = 2,
-    algorithm: str = "ring",
-    node_size: int | None = None,
-    nodes: int | None = None,
-    asynchronous: bool = False,
-    compression: str = "none",
-) -> dict[str, float | str]:
-    """Return predicted_comm_s, predicted_step_s (= compute_s + comm) and the formula.
-
-    `algorithm` (with `node_size`/`nodes` for hierarchical) refines `ring`; `degree` and
-    `asynchronous` refine `gossip`; `compression` (none | fp16 | topk:F) applies to both.
+    With P = K (no compression) this is 2a + (N + 2S - 1) K/(S B).
     """
-    _strategy(strategy)
-    if not (math.isfinite(compute_s) and compute_s >= 0):
-        raise ValueError(f"compute_s {compute_s!r}: must be finite and >= 0 seconds; e.g. 0.05")
-    n, k, a, b = workers, grad_bytes, latency, bandwidth
-    if compression != "none" and strategy not in ("ring", *ALGORITHMS, "gossip"):
-        raise ValueError(f"compression {compression!r}: modelled for ring and gossip only; "
-                         f"use 'none' for {strategy}")
-    upper = None
-    if strategy in ("ring", *ALGORITHMS):
-        alg = algorithm if strategy == "ring" else strategy
-        comm, formula = _allreduce(alg, n, k, a, b, buckets, node_size, nodes, compression)
-    elif strategy == "allreduce-torch":
-        comm, formula = _allreduce("ring", n, k, a, b, buckets, None, None, "none")
-    elif strategy == "ps-sync":
-        comm, formula = ps_sync_pipelined_comm_s(n, k, a, b, shards), "2*a + (N+2*S-1)*K/(S*B) (pipelined)"
-        upper = ps_sync_comm_s(n, k, a, b, shards=shards)
-    elif strategy == "ps-async":
-        comm = ps_async_comm_s(n, k, a, b, shards=shards)
-        formula = "2*(a + K/(S*B)) (lower bound, no contention)"
-    elif strategy == "mapreduce":
-        comm, formula = mapreduce_pipelined_comm_s(n, k, a, b), "2*a + (N+1)*K/B (pipelined)"
-        upper = mapreduce_comm_s(n, k, a, b)
-    else:
-        comm, formula = _gossip(n, k, a, b, degree, asynchronous, compression)
-    return {"predicted_comm_s": comm, "predicted_step_s": compute_s + comm, "formula": formula,
-            "predicted_comm_s_no_overlap": comm if upper is None else upper}
-
-
-def _allreduce(alg: str, n: int, k: float, a: float, b: float, buckets: int,
-               node_size: int | None, nodes: int | None, compression: str) -> tuple[float, str]:
-    spec = parse_compression(compression)
-    if spec.kind == "topk":
-        if alg != "ring":
-            raise ValueError(f"compression {compression!r}: top-k is gathered around the ring; "
-                             f"use algorithm 'ring' (got {alg!r})")
-        comm = sparse_allgather_comm_s(n, 2 * spec.fraction * k, a, b, buckets=buckets)
-        return comm, f"(N-1)*({'b*' if buckets > 1 else ''}a + 2*F*K/B) (top-k, F={spec.fraction:g})"
-    k_eff = k / 2 if spec.kind == "fp16" else k
-    comm = allreduce_comm_s(alg, n, k_eff, a, b, buckets=buckets, node_size=node_size, nodes=nodes)
-    formula = _FORMULAS[alg]
-    if buckets > 1:  # every round's latency is paid once per bucket
-        formula = formula.replace("(a + ", "(b*a + ").replace("log2(p)*a", "log2(p)*b*a")
-    return comm, formula + (" with K/2 (fp16)" if spec.kind == "fp16" else "")
-
-
-def _gossip(n: int, k: float, a: float, b: float, degree: int, asynchronous: bool,
-            compression: str) -> tuple[float, str]:
     _count("workers", n, 1)
-    spec = parse_compression(compression)
-    if spec.kind == "topk":
-        raise ValueError(f"compression {compression!r}: gossip sends parameters; use none or fp16")
-    k_eff = k / 2 if spec.kind == "fp16" else k
-    suffix = " with K/2 (fp16)" if spec.kind == "fp16" else ""
-    if asynchronous:
-        comm = 0.0 if n == 1 else gossip_async_comm_s(k_eff, a, b)
-        return comm, "2*(a + K/B) (one pairwise exchange)" + suffix
-    # A worker cannot have more distinct neighbours than there are other workers.
-    return gossip_comm_s(min(degree, n - 1), k_eff, a, b), "a + d*K/B" + suffix
-
-
-def bytes_per_worker_per_step(
-    strategy: str, workers: int, grad_bytes: float, shards: int = 1, degree: int = 2
-) -> float:
-    """Return the bytes one worker sends per step under STRATEGY."""
-    _strategy(strategy)
-    _count("workers", workers, 1)
     _count("shards", shards, 1)
-    _link(grad_bytes, 0.0, 1.0)
-    n, k = workers, grad_bytes
-    if strategy in ("ring", "allreduce-torch", *ALGORITHMS):
-        # Ring: reduce-scatter and allgather each send (N-1) chunks of K/N bytes. The other
-        # algorithms move the same 2(N-1)K in total, less evenly spread (a mean per worker).
-        return 2 * k * (n - 1) / n
-    if strategy == "gossip":
-        return min(_count("degree", degree, 0), n - 1) * k
-    # PS: K/S to each of S shards; MapReduce: one K-byte gradient to the driver.
-    return float(k)
+    _link(k, a, b)
+    p = k if push is None else push
+    return 2 * a + (n + shards - 1) * k / (shards * b) + p / b
+
+
+def mapreduce_pipelined_comm_s(n: int, k: float, a: float, b: float, push: float | None = None) -> float:
+    """Return 2a + N K/B + P/B: the driver's broadcast and gather overlap ((N + 1) K/B if P = K)."""
+    _count("workers", n, 1)
+    _link(k, a, b)
+    p = k if push is None else push
+    return 2 * a + n * k / b + p / b
+
+
+def ps_async_comm_s(n: int, k: float, a: float, b: float, shards: int = 1,
+                    push: float | None = None) -> float:
+    """Return the lower bound 2a + (P + K)/(S B) per applied gradient; N only validated."""
+    _count("workers", n, 1)
+    _count("shards", shards, 1)
+    _link(k, a, b)
+    p = k if push is None else push
+    # One push of P/S bytes to a shard and one pull of K/S back, with nobody queued ahead.
+    return 2 * a + (p + k) / (shards * b)

@@ -26,7 +26,7 @@ def summarize(steps: pd.DataFrame, updates: pd.DataFrame, *, strategy: str, work
               status: str) -> dict[str, Any]:
     """Derive the summary of one run from its raw tables."""
     n_updates = len(updates)
-    applied = steps[steps["version_applied"] >= 0] if len(steps) else steps
+    applied = steps[steps["version_applied"].notna()] if len(steps) else steps
     out: dict[str, Any] = {"strategy": strategy, "workers": workers, "steps": n_updates,
                            "status": status, "worker_iterations": len(steps)}
     if len(steps) == 0 or n_updates == 0:

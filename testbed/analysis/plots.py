@@ -12,7 +12,6 @@ and are importable from here too.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import textwrap
 from collections.abc import Mapping
@@ -20,86 +19,17 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib import colormaps
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from testbed.config import RunConfig
+from testbed.analysis.figures import NoData, fmt, legend, new_figure, save, series_labels
+from testbed.analysis.runplots import loss_vs_time, loss_vs_updates, staleness_histogram
 
-RUN_FIGURES = ("staleness_histogram", "loss_vs_updates", "loss_vs_time")  # in testbed.analysis.runplots
+__all__ = ["NoData", "figures_for_sweep", "loss_vs_time", "loss_vs_updates", "measured_vs_predicted",
+           "run_tables", "save", "series_labels", "staleness_histogram", "step_breakdown",
+           "straggler_impact", "throughput_vs_workers"]
+
 PHASE_COLORS = {"compute": "#4c72b0", "comm": "#dd8452", "wait": "#8c8c8c"}
-# Repeat-like keys: rows differing only in these are averaged, not split into series.
-NOT_SERIES = ("strategy", "seed", "out", "quiet")
-
-
-class NoData(ValueError):
-    """The table lacks the columns or rows a figure needs."""
-
-
-def __getattr__(name: str):
-    # The per-run figures import this module's helpers, so they are re-exported lazily.
-    if name in RUN_FIGURES:
-        from testbed.analysis import runplots
-
-        return getattr(runplots, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _config_keys() -> list[str]:
-    keys = []
-    for f in dataclasses.fields(RunConfig):
-        if dataclasses.is_dataclass(f.default_factory):
-            keys += [f"{f.name}.{s.name}" for s in dataclasses.fields(f.default_factory)]
-        else:
-            keys.append(f.name)
-    return keys
-
-
-def _new(ncols: int = 1, width: float = 6.4, height: float = 4.4) -> tuple[Figure, list]:
-    fig = Figure(figsize=(width * ncols, height), layout="constrained")
-    FigureCanvasAgg(fig)  # Agg, explicitly: never a GUI backend, never plt.show
-    axes = fig.subplots(1, ncols, squeeze=False)[0]
-    return fig, list(axes)
-
-
-def save(fig: Figure, path_stem: str | os.PathLike) -> list[Path]:
-    """Write PATH_STEM.png and PATH_STEM.svg (tmp + rename); return both paths."""
-    stem = Path(path_stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for ext in ("png", "svg"):
-        path = stem.with_name(f"{stem.name}.{ext}")  # with_suffix would eat a dotted stem
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        fig.savefig(tmp, format=ext, dpi=120)
-        os.replace(tmp, path)
-        paths.append(path)
-    return paths
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def _fmt(value: object) -> str:
-    if value is None or (isinstance(value, float) and np.isnan(value)):
-        return "none"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
-def series_labels(table: pd.DataFrame, exclude: tuple[str, ...] = ("workers",)) -> pd.Series:
-    """Label rows "strategy key=value ...", naming keys that vary within the strategy's rows."""
-    keys = [k for k in _config_keys() if k in table.columns and k not in NOT_SERIES + exclude]
-    strategy = table["strategy"] if "strategy" in table.columns else pd.Series("run", index=table.index)
-    labels = pd.Series("", index=table.index, dtype=object)
-    for name, group in table.groupby(strategy, sort=False):
-        varied = [k for k in keys if group[k].map(_fmt).nunique() > 1]
-        for i in group.index:
-            parts = [("N" if k == "workers" else k.split(".")[-1]) + "=" + _fmt(group.at[i, k])
-                     for k in varied]
-            labels[i] = " ".join([str(name), *parts])
-    return labels
 
 
 def _rows(table: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
@@ -124,10 +54,10 @@ def _context(table: pd.DataFrame) -> str:
     if names:
         parts.append("/".join(map(str, names)))
     if "steps" in table.columns and table["steps"].notna().any():
-        parts.append(f"{'/'.join(_fmt(s) for s in sorted(table['steps'].dropna().unique()))} updates")
+        parts.append(f"{'/'.join(fmt(s) for s in sorted(table['steps'].dropna().unique()))} updates")
     if "synthetic" in names and "workload.grad_mb" in table.columns:
         sizes = sorted(table["workload.grad_mb"].dropna().unique())
-        parts.append("grad " + "/".join(_fmt(float(s)) for s in sizes) + " MiB")
+        parts.append("grad " + "/".join(fmt(float(s)) for s in sizes) + " MiB")
     if "network.bandwidth" in table.columns:
         bw = table["network.bandwidth"].dropna().unique()
         lat = table["network.latency"].dropna().unique() if "network.latency" in table.columns else []
@@ -139,24 +69,6 @@ def _context(table: pd.DataFrame) -> str:
 def _title(what: str, rows: pd.DataFrame) -> str:
     context = _context(rows)
     return f"{what}\n{context}" if context else what
-
-
-def _legend(ax, handles: list | None = None, labels: list[str] | None = None) -> None:
-    """Legend inside the axes when short; beside them when long, so it hides no data."""
-    if handles is None:
-        handles, labels = ax.get_legend_handles_labels()
-    if len(handles) <= 4:
-        ax.legend(handles, labels, fontsize="small")
-    else:  # widen the figure by the legend's width so the axes keep theirs
-        fig = ax.get_figure()
-        fig.set_figwidth(fig.get_figwidth() + 0.3 + 0.055 * max(map(len, labels)))
-        ax.legend(handles, labels, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
-
-
-def _colors(n: int) -> list:
-    """Distinct colours for n lines (tab10, or tab20 past ten so none repeats)."""
-    cmap = colormaps["tab10" if n <= 10 else "tab20"]
-    return [cmap(i % cmap.N) for i in range(n)]
 
 
 def _mean_std(rows: pd.DataFrame, by: list[str], col: str) -> pd.DataFrame:
@@ -172,7 +84,7 @@ def throughput_vs_workers(table: pd.DataFrame) -> Figure:
     if rows["workers"].nunique() < 2:
         raise NoData("needs at least two worker counts")
     rows = rows.assign(_series=series_labels(rows))
-    fig, (ax, eff) = _new(2)
+    fig, (ax, eff) = new_figure(2)
     for label, group in rows.groupby("_series", sort=False):
         agg = _mean_std(group, ["workers"], "samples_per_s").sort_index()
         n, thr = agg.index.to_numpy(float), agg["mean"].to_numpy()
@@ -189,7 +101,7 @@ def throughput_vs_workers(table: pd.DataFrame) -> Figure:
         a.grid(alpha=0.3)
     handles, names = ax.get_legend_handles_labels()
     handles.append(Line2D([], [], ls="--", color="gray"))
-    _legend(eff if len(handles) > 4 else ax, handles, [*names, "ideal linear (from smallest N)"])
+    legend(eff if len(handles) > 4 else ax, handles, [*names, "ideal linear (from smallest N)"])
     lo, hi = rows["samples_per_s"].min(), rows["samples_per_s"].max()
     if lo > 0 and hi / lo > 20:
         ax.set_yscale("log")  # strategies an order of magnitude apart stay readable
@@ -213,7 +125,7 @@ def step_breakdown(table: pd.DataFrame) -> Figure:
     agg = agg.reindex(sorted(agg.index, key=lambda k: (order.index(k[0]), k[1])))
     names = [f"{s}  N={int(n)}" for s, n in agg.index]
     # Horizontal bars: long series names stay readable however many there are.
-    fig, (ax,) = _new(1, width=6 + 0.07 * max(map(len, names)), height=1.6 + 0.32 * len(agg))
+    fig, (ax,) = new_figure(1, width=6 + 0.07 * max(map(len, names)), height=1.6 + 0.32 * len(agg))
     y, left = np.arange(len(agg))[::-1], np.zeros(len(agg))
     for p in phases:
         width = 1e3 * agg["step_time_mean_s"].to_numpy() * agg[f"{p}_frac"].to_numpy()
@@ -232,7 +144,7 @@ def measured_vs_predicted(table: pd.DataFrame) -> Figure:
     """Measured communication per step against the alpha-beta prediction, with y = x."""
     rows = _rows(table, ["comm_s_per_step", "predicted_comm_s"])
     rows = rows.assign(_series=series_labels(rows))
-    fig, (ax,) = _new(1, width=6.8)
+    fig, (ax,) = new_figure(1, width=6.8)
     for label, group in rows.groupby("_series", sort=False):
         pred, meas = 1e3 * group["predicted_comm_s"], 1e3 * group["comm_s_per_step"]
         ax.scatter(pred, meas, label=label)
@@ -249,7 +161,7 @@ def measured_vs_predicted(table: pd.DataFrame) -> Figure:
     ax.plot([lo, hi], [lo, hi], color="gray", ls="--", label="y = x (model exact)")
     ax.set_xlabel("predicted communication per step (ms)")
     ax.set_ylabel("measured communication per step (ms)")
-    _legend(ax)
+    legend(ax)
     ax.grid(alpha=0.3)
     ax.set_title(_title("Measured vs alpha-beta model", rows))
     return fig
@@ -263,7 +175,7 @@ def straggler_impact(table: pd.DataFrame) -> Figure:
     rows = rows.assign(_series=series_labels(rows, exclude=("straggler",)))
     cats, series = list(rows["straggler"].unique()), list(rows["_series"].unique())
     agg = _mean_std(rows, ["_series", "straggler"], "step_time_mean_s")
-    fig, (ax,) = _new(1, width=max(6.4, 1.6 * len(cats) + 2))
+    fig, (ax,) = new_figure(1, width=max(6.4, 1.6 * len(cats) + 2))
     width = 0.8 / len(series)
     for j, label in enumerate(series):
         means = [agg["mean"].get((label, c), np.nan) * 1e3 for c in cats]
@@ -274,7 +186,7 @@ def straggler_impact(table: pd.DataFrame) -> Figure:
     ax.set_xticks(np.arange(len(cats)), wrapped, fontsize="small")
     ax.set_xlabel("injected straggler delay (--straggler)")
     ax.set_ylabel("mean step time (ms)")
-    _legend(ax)
+    legend(ax)
     ax.grid(axis="y", alpha=0.3)
     ax.set_title(_title("Straggler impact", rows))
     return fig
@@ -284,8 +196,6 @@ def figures_for_sweep(table: pd.DataFrame, out_dir: str | os.PathLike,
                       steps_by_label: Mapping[str, pd.DataFrame] | None = None,
                       updates_by_label: Mapping[str, pd.DataFrame] | None = None) -> list[Path]:
     """Draw and save every figure the data supports; return the PNG paths."""
-    from testbed.analysis.runplots import loss_vs_time, loss_vs_updates, staleness_histogram
-
     steps, updates = steps_by_label or {}, updates_by_label or {}
     stale = any((s.get("staleness", pd.Series(dtype=float)) > 0).any() for s in steps.values())
     makers = [("throughput_vs_workers", lambda: throughput_vs_workers(table)),
@@ -304,3 +214,12 @@ def figures_for_sweep(table: pd.DataFrame, out_dir: str | os.PathLike,
         if fig is not None:  # staleness is drawn only when some gradient was stale
             written.append(save(fig, Path(out_dir) / stem)[0])
     return written
+
+
+def run_tables(table: pd.DataFrame, kind: str, *, repeat: int = 0) -> dict[str, pd.DataFrame]:
+    """{series label: steps or updates table} for the completed runs of one repeat (the per-run
+    figures' input), read from the run folders a sweep table points to."""
+    rows = table[(table["status"] == "completed") & (table["repeat"] == repeat)]
+    labels = series_labels(rows, exclude=())
+    return {labels[i]: pd.read_parquet(Path(rows.at[i, "run_dir"]) / f"{kind}.parquet")
+            for i in rows.index if (Path(rows.at[i, "run_dir"]) / f"{kind}.parquet").exists()}

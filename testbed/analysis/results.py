@@ -2,18 +2,22 @@
 
     results/runs/<run_id>/
       config.json      resolved config + provenance (git commit, dirty flag, versions, machine)
-      steps.parquet    one row per worker iteration         (strategy.StepRecord)
-      updates.parquet  one row per model update             (strategy.UpdateRecord)
-      events.parquet   timeline spans                       (strategy.Event)
+      records.jsonl    every raw record, one JSON line each, appended the moment it arrives
+      steps.parquet    one row per worker iteration         (records.StepRecord)
+      updates.parquet  one row per model update             (records.UpdateRecord)
+      events.parquet   timeline spans                       (records.Event)
       summary.json     derived statistics + status (completed / interrupted / failed)
       params.npz       final parameters, flat float arrays keyed by parameter name
       timeline.json    optional Chrome trace (opens in Perfetto)
 
     results/sweeps/<name>/runs.parquet   one row per run of a sweep (write_sweep_table,
-                                         load_table; run_tables reads its runs' tables)
+                                         load_table; plots.run_tables reads its runs' tables)
 
-Each file is written to a temporary name in the same folder and renamed into place, so a crash
-mid-write leaves the previous complete version, never a torn file. No pickle anywhere.
+records.jsonl is the crash-consistent copy: a run killed at any moment keeps every record up
+to the last complete line, and `load_run` turns such a folder into tables (status "crashed").
+The parquet tables and summary are derived from the same records when the run ends. Every
+other file is written to a temporary name in the same folder and renamed into place, so a
+crash mid-write leaves the previous complete version, never a torn file. No pickle anywhere.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from testbed.strategy import EVENT_COLUMNS, STEP_COLUMNS, UPDATE_COLUMNS, Recorder
+from testbed.records import EVENT_COLUMNS, STEP_COLUMNS, UPDATE_COLUMNS, Recorder
 
 SCHEMA_VERSION = 1
 TABLES = {"steps": STEP_COLUMNS, "updates": UPDATE_COLUMNS, "events": EVENT_COLUMNS}
@@ -73,19 +77,77 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _arrow_schema(columns: tuple[str, ...]):
+    """Column types of a record table; integers stay integers, None is null (never a sentinel)."""
+    import pyarrow as pa
+
+    from testbed.records import Event, StepRecord, UpdateRecord
+
+    hints = {**StepRecord.__annotations__, **UpdateRecord.__annotations__, **Event.__annotations__}
+    kinds = {"int": pa.int64(), "float": pa.float64(), "str": pa.string()}
+    return pa.schema([(c, kinds[str(hints[c]).split("|")[0].strip()]) for c in columns])
+
+
 def write_table(path: Path, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
-    frame = pd.DataFrame(rows, columns=list(columns))
     meta = {b"testbed_schema_version": str(SCHEMA_VERSION).encode()}
 
     def w(tmp: Path) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pa.Table.from_pandas(frame, preserve_index=False)
-        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
+        table = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows], schema=_arrow_schema(columns))
+        table = table.replace_schema_metadata(meta)
         pq.write_table(table, tmp)
 
     _atomic_write(path, w)
+
+
+def table_frame(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> pd.DataFrame:
+    """Records -> the DataFrame their parquet table reads back as (same types, nulls as NaN)."""
+    import pyarrow as pa
+
+    table = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows], schema=_arrow_schema(columns))
+    return table.to_pandas()
+
+
+class RecordLog:
+    """records.jsonl: one JSON line per record, written (line-buffered) the moment it arrives.
+
+    The Recorder's sink: `log(kind, row)` with kind step / update / event / fault / rollback.
+    A process killed at any moment leaves every complete line readable (`read_log`).
+    """
+
+    NAME = "records.jsonl"
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / self.NAME
+        self._fh = open(self.path, "a", buffering=1, encoding="utf-8")
+
+    def __call__(self, kind: str, row: Mapping[str, Any]) -> None:
+        self._fh.write(json.dumps({"kind": kind, **row}, default=_jsonable) + "\n")
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+
+def read_log(path: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
+    """records.jsonl -> {"steps", "updates", "events", "faults"}; a torn last line is skipped and
+    rolled-back updates are left out, as the finished run's tables leave them out."""
+    out: dict[str, list[dict[str, Any]]] = {"steps": [], "updates": [], "events": [], "faults": []}
+    plural = {"step": "steps", "update": "updates", "event": "events", "fault": "faults"}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the line a crash cut short
+            kind = row.pop("kind", None)
+            if kind == "rollback":
+                out["updates"] = [u for u in out["updates"] if u["version"] <= row["version"]]
+            elif kind in plural:
+                out[plural[kind]].append(row)
+    return out
 
 
 def provenance() -> dict[str, Any]:
@@ -133,8 +195,12 @@ class RunFolder:
             data["machine"] = machine
         write_json(self.path / "config.json", data)
 
+    def record_log(self) -> RecordLog:
+        """The append-only log every record goes to as it arrives (the Recorder's sink)."""
+        return RecordLog(self.path)
+
     def write_records(self, recorder: Recorder) -> None:
-        """Persist everything recorded so far (used as the recorder's sink)."""
+        """Write the record tables (parquet) from everything recorded."""
         write_table(self.path / "steps.parquet", list(recorder.steps), STEP_COLUMNS)
         write_table(self.path / "updates.parquet", list(recorder.updates), UPDATE_COLUMNS)
         write_table(self.path / "events.parquet", list(recorder.events), EVENT_COLUMNS)
@@ -157,15 +223,24 @@ class RunFolder:
 
 
 def load_run(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a run folder back: config, summary, tables (DataFrames) and params."""
+    """Read a run folder back: config, summary, tables (DataFrames) and params.
+
+    A run that never finished (killed, machine lost) has no tables or summary: its tables come
+    from records.jsonl and `status` says "crashed".
+    """
     p = Path(path)
     out: dict[str, Any] = {
         "config": json.loads((p / "config.json").read_text()),
         "summary": json.loads((p / "summary.json").read_text()) if (p / "summary.json").exists() else None,
     }
+    log = read_log(p / RecordLog.NAME) if (p / RecordLog.NAME).exists() else None
     for name in TABLES:
         f = p / f"{name}.parquet"
-        out[name] = pd.read_parquet(f) if f.exists() else pd.DataFrame(columns=list(TABLES[name]))
+        if f.exists():
+            out[name] = pd.read_parquet(f)
+        else:
+            out[name] = table_frame(log[name] if log else [], TABLES[name])
+    out["status"] = out["summary"]["status"] if out["summary"] else "crashed"
     if (p / "params.npz").exists():
         with np.load(p / "params.npz", allow_pickle=False) as npz:
             out["params"] = {k: npz[k] for k in npz.files}
@@ -243,13 +318,3 @@ def load_table(sweep_dir: str | os.PathLike) -> pd.DataFrame:
     meta = (table.schema.metadata or {}).get(b"testbed_sweep")
     df.attrs["sweep"] = json.loads(meta) if meta else {}
     return df
-
-
-def run_tables(table: pd.DataFrame, kind: str, *, repeat: int = 0) -> dict[str, pd.DataFrame]:
-    """{series label: steps or updates table} for the completed runs of one repeat."""
-    from testbed.analysis.plots import series_labels
-
-    rows = table[(table["status"] == "completed") & (table["repeat"] == repeat)]
-    labels = series_labels(rows, exclude=())
-    return {labels[i]: pd.read_parquet(Path(rows.at[i, "run_dir"]) / f"{kind}.parquet")
-            for i in rows.index if (Path(rows.at[i, "run_dir"]) / f"{kind}.parquet").exists()}

@@ -1,8 +1,8 @@
 """Per-run figures: one line per run, from its steps.parquet or updates.parquet tables.
 
-Pure like `testbed.analysis.plots` (whose helpers these share, and which re-exports them): a mapping
+Pure like `testbed.analysis.plots` (which re-exports them; helpers in `figures.py`): a mapping
 {series label: table} in (`testbed.results.run_tables` builds it), a matplotlib Figure out.
-Each raises `testbed.plots.NoData` when no table has what it needs.
+Each raises `testbed.analysis.figures.NoData` when no table has what it needs.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from testbed.analysis.plots import NoData, _colors, _legend, _new
+from testbed.analysis.figures import NoData, colors, legend, new_figure
 
 __all__ = ["loss_vs_time", "loss_vs_updates", "staleness_histogram"]
 
 
 def staleness_histogram(steps_by_label: Mapping[str, pd.DataFrame]) -> Figure:
     """Distribution of staleness over applied gradients (steps.parquet), one line per label."""
-    data = {label: s.loc[s["version_applied"] >= 0, "staleness"].to_numpy(float)
+    data = {label: s.loc[s["version_applied"].notna(), "staleness"].to_numpy(float)
             for label, s in steps_by_label.items()
             if {"staleness", "version_applied"} <= set(s.columns)}
     data = {k: v for k, v in data.items() if len(v)}
@@ -28,13 +28,13 @@ def staleness_histogram(steps_by_label: Mapping[str, pd.DataFrame]) -> Figure:
         raise NoData("no applied gradients with a staleness")
     top = int(max(v.max() for v in data.values()))
     bins = np.arange(-0.5, top + 1.5)
-    fig, (ax,) = _new(1)
-    for color, (label, values) in zip(_colors(len(data)), data.items(), strict=True):
+    fig, (ax,) = new_figure(1)
+    for color, (label, values) in zip(colors(len(data)), data.items(), strict=True):
         ax.hist(values, bins=bins, weights=np.full(len(values), 1 / len(values)),
                 histtype="step", linewidth=1.5, label=label, color=color)
     ax.set_xlabel("staleness (server versions between read and apply)")
     ax.set_ylabel("fraction of applied gradients")
-    _legend(ax)
+    legend(ax)
     ax.grid(alpha=0.3)
     ax.set_title("Gradient staleness")
     return fig
@@ -45,14 +45,14 @@ def _loss_lines(updates_by_label: Mapping[str, pd.DataFrame], x_of, xlabel: str,
             if {"version", "t_applied", "loss"} <= set(u.columns) and len(u.dropna(subset=["loss"]))}
     if not data:
         raise NoData("no updates with a loss")
-    fig, (ax,) = _new(1)
-    for color, (label, u) in zip(_colors(len(data)), data.items(), strict=True):
+    fig, (ax,) = new_figure(1)
+    for color, (label, u) in zip(colors(len(data)), data.items(), strict=True):
         ax.plot(x_of(u), u["loss"], label=label, color=color)
     if all((u["loss"] > 0).all() for u in data.values()):
         ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("training loss (mean over contributors)")
-    _legend(ax)
+    legend(ax)
     ax.grid(alpha=0.3)
     ax.set_title(title)
     return fig

@@ -19,7 +19,7 @@ Methods (each one full allreduce-equivalent round on the same actors):
                  library baseline every ratio is taken against.
   ps             one parameter-server shard with sum semantics: every worker pushes its
                  buffer, then pulls the sum back into its buffer (push + pull, N*K in, N*K out).
-  mapreduce      the driver ray.put's a K-byte broadcast once (the previous round's sum, as it
+  driver-sum     a MapReduce round: the driver ray.put's a K-byte broadcast once (the previous round's sum, as it
                  broadcasts parameters), every worker fetches it into its replica and returns its
                  buffer, the driver sums the N buffers. Timed on the driver.
 
@@ -322,11 +322,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"testbed.bench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     ns.argv = argv
+    from testbed.bench.lib import ResultMismatch
+
     try:
         doc = run_allreduce(ns)
     except ConfigError as exc:  # resource shortfall found by the cluster check
         print(f"testbed.bench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ResultMismatch as exc:  # a wrong sum: no timing of it is worth printing
+        print(f"testbed.bench: error: {exc}", file=sys.stderr)
+        return 1
     print(report(doc))
     if ns.out:
         write_json(ns.out, doc)

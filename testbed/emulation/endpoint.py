@@ -5,6 +5,11 @@ counted. In emulated mode the endpoint owns a `network.Nic`: `send` queues the m
 egress and returns the departure stamp that travels with the message; `receive` queues it on
 the receiver's ingress and sleeps until delivery. Wall-clock stamps (time.time) are shared by all
 processes of one machine; across machines they assume synchronised clocks.
+
+Fidelity: a message that reaches the receiver after its emulated delivery time carried real
+cost (a Ray call, a busy core) the emulator could not hide inside the emulated transfer. Every
+endpoint adds up that lateness (`late_s`, `late_messages`); runs report it beside the cost model,
+so a measurement that drifts from the model says why.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ class Endpoint:
         self.nic = Nic(LinkSpec(net.bandwidth_Bps, net.latency_s), name) if net.emulated else None
         self.bytes_out = 0
         self.bytes_in = 0
+        self.late_s = 0.0  # seconds messages arrived after their emulated delivery
+        self.late_messages = 0
+        self.messages_in = 0
+        self._taken = 0.0
 
     @property
     def emulated(self) -> bool:
@@ -37,12 +46,24 @@ class Endpoint:
             return None
         return self.nic.reserve_egress(nbytes, time.time())[0]
 
-    def delivery(self, nbytes: int, departure: float | None) -> float:
-        """Reserve the ingress for a message; return when it is delivered (now in real mode)."""
+    def delivery(self, nbytes: int, departure: float | None, arrived: float | None = None) -> float:
+        """Reserve the ingress for a message that arrived at `arrived` (default: now); return when
+        it is delivered (its arrival in real mode). Arriving after that time counts as lateness."""
         self.bytes_in += nbytes
+        now = time.time() if arrived is None else arrived
         if self.nic is None or departure is None:
-            return time.time()
-        return self.nic.reserve_ingress(nbytes, departure)
+            return now
+        due = self.nic.reserve_ingress(nbytes, departure)
+        self.messages_in += 1
+        if now > due:
+            self.late_s += now - due
+            self.late_messages += 1
+        return due
+
+    def take_late(self) -> float:
+        """Lateness since the last call (what a report carries)."""
+        late, self._taken = self.late_s - self._taken, self.late_s
+        return late
 
     def receive(self, nbytes: int, departure: float | None) -> None:
         """Account nbytes arriving; in emulation sleep until the message is delivered."""

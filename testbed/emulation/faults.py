@@ -1,21 +1,22 @@
-"""Fault injection (`--fail SPEC`) and the errors recovery is built on. Pure; no Ray import.
+"""What injected faults do, the errors recovery is built on, and the one NaN/Inf policy.
 
-SPEC is one or more items joined by ';':
-    worker=2,at=10         kill worker 2's process at its iteration 10
-    server=0,at=20         kill PS shard 0 when it is about to apply version 20
-    hang:worker=1,at=5     worker 1 stops answering at its iteration 5 (treated as dead)
-    nan:worker=3,at=7      worker 3 returns a NaN gradient at its iteration 7
+The `--fail` grammar is `testbed.config.faults`. Each fault fires once, in the actor's first
+incarnation: a restarted actor does not fire it again (otherwise a kill at iteration 10 would
+kill every replacement at iteration 10 too).
 
-Each fault fires once, in the actor's first incarnation: a restarted actor does not fire it
-again (otherwise a kill at iteration 10 would kill every replacement at iteration 10 too).
+`--on-nan skip|stop` is applied by `NanPolicy.admit` wherever gradients (or, for gossip,
+parameters) are about to be applied: the driver (mapreduce), a PS shard, every ring peer,
+every gossip peer. `skip` leaves the value out and the run records a `nan-skipped` fault;
+`stop` raises `NonFiniteGradient`, which ends the run. Pure; no Ray import.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-KINDS = ("kill", "hang", "nan")
+import numpy as np
+
+from testbed.config.faults import Fault
 
 
 class RestartsExhausted(RuntimeError):
@@ -28,68 +29,6 @@ class NonFiniteGradient(RuntimeError):
 
 class ServerLost(RuntimeError):
     """A PS shard died and no checkpoint can restore it; the run stops (exit code 3)."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    kind: str  # kill / hang / nan
-    target: str  # worker / server
-    index: int
-    at: int
-
-    def to_text(self) -> str:
-        head = "" if self.kind == "kill" else f"{self.kind}:"
-        return f"{head}{self.target}={self.index},at={self.at}"
-
-
-def _bad(item: str, why: str) -> ValueError:
-    return ValueError(f"--fail {item!r}: {why}; e.g. worker=2,at=10 or hang:worker=1,at=5")
-
-
-def _parse_item(item: str) -> Fault:
-    kind, sep, rest = item.partition(":")
-    if not sep:
-        kind, rest = "kill", item
-    if kind not in KINDS:
-        raise _bad(item, f"unknown fault kind {kind!r} (use kill, hang or nan)")
-    fields: dict[str, str] = {}
-    for part in rest.split(","):
-        key, eq, value = part.strip().partition("=")
-        if not eq or key in fields:
-            raise _bad(item, f"expected key=value pairs, got {part.strip()!r}")
-        fields[key] = value
-    targets = [k for k in ("worker", "server") if k in fields]
-    if len(targets) != 1 or set(fields) != {targets[0], "at"}:
-        raise _bad(item, "name exactly one of worker=N or server=N, and at=ITERATION")
-    if kind != "kill" and targets[0] == "server":
-        raise _bad(item, f"{kind} faults apply to workers only")
-    try:
-        index, at = int(fields[targets[0]]), int(fields["at"])
-    except ValueError:
-        raise _bad(item, "worker/server and at must be integers") from None
-    if index < 0 or at < 0:
-        raise _bad(item, "indices and iterations are >= 0")
-    return Fault(kind, targets[0], index, at)
-
-
-def parse_faults(text: str) -> tuple[Fault, ...]:
-    """Parse --fail; 'none' or '' means no faults."""
-    text = (text or "").strip()
-    if text in ("", "none"):
-        return ()
-    return tuple(_parse_item(item.strip()) for item in text.split(";") if item.strip())
-
-
-def validate_faults(faults: tuple[Fault, ...], *, workers: int, shards: int, ps: bool) -> None:
-    for f in faults:
-        if f.target == "worker" and f.index >= workers:
-            raise ValueError(f"--fail {f.to_text()!r}: there is no worker {f.index}; "
-                             f"use a worker in 0..{workers - 1}")
-        if f.target == "server" and not ps:
-            raise ValueError(f"--fail {f.to_text()!r}: only parameter-server strategies have servers")
-        if f.target == "server" and f.index >= shards:
-            raise ValueError(f"--fail {f.to_text()!r}: there is no shard {f.index}; "
-                             f"use a shard in 0..{shards - 1}")
 
 
 class FaultPlan:
@@ -110,8 +49,27 @@ def poison(grad):
     return grad
 
 
-def is_finite(grad) -> bool:
-    """True when every element is finite (checked before any gradient is applied)."""
-    import numpy as np
+def is_finite(values) -> bool:
+    """True when every element is finite."""
+    if type(values).__module__.startswith("torch"):  # a tensor (on any device)
+        import torch
 
-    return bool(np.isfinite(grad).all())
+        return bool(torch.isfinite(values).all())
+    return bool(np.isfinite(values).all())
+
+
+class NanPolicy:
+    """`--on-nan`: decide, before anything is applied, whether a value may be."""
+
+    def __init__(self, on_nan: str) -> None:
+        if on_nan not in ("skip", "stop"):
+            raise ValueError(f"--on-nan {on_nan!r}: choose skip or stop")
+        self.stop = on_nan == "stop"
+
+    def admit(self, values, what: str) -> bool:
+        """True if VALUES are finite; False to skip them; NonFiniteGradient under `stop`."""
+        if is_finite(values):
+            return True
+        if self.stop:
+            raise NonFiniteGradient(f"{what}: not finite (--on-nan stop)")
+        return False

@@ -38,11 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from testbed.allreduce.transport import Mailbox, ObjectStoreTransport, Wire
-from testbed.compression import parse_compression
 from testbed.emulation.network import sleep_until
 from testbed.gossip.topology import mix, mixing_row, neighbours, pairwise_partner
 from testbed.runtime import remote
+from testbed.runtime.transport import Mailbox, ObjectStoreTransport, Wire
 from testbed.runtime.worker import WorkerBase
 
 
@@ -52,7 +51,7 @@ class GossipPeer(WorkerBase):
         self.n = config.workers
         self.nbrs = neighbours(config.gossip.topology, self.n)
         self.row = mixing_row(rank, self.nbrs)
-        self.wire = Wire(half=parse_compression(config.compression).kind == "fp16")
+        self.wire = Wire(half=config.compression.kind == "fp16")
         self.mailbox = Mailbox()
         self.transport: Any = None
         self.peers: list[Any] = []
@@ -89,10 +88,13 @@ class GossipPeer(WorkerBase):
         self.workload.set_params(snapshot)
         grad, info = self.compute(iteration)
         t0 = time.time()
+        # --on-nan: a non-finite gradient is never applied (skip) or ends the run (stop)
+        info["skipped"] = not self.nan.admit(grad, f"worker {self.rank} iteration {iteration}'s gradient")
         with self.lock:
             info["version_read"], info["version_applied"] = version_read, self.version
-            self.x -= np.float32(self.config.workload.lr) * np.asarray(grad, np.float32)
-            self.version += 1
+            if not info["skipped"]:
+                self.x -= np.float32(self.config.workload.lr) * np.asarray(grad, np.float32)
+                self.version += 1
         info["t_applied"] = time.time()
         self.span("apply", t0, info["t_applied"])
         return info
@@ -119,8 +121,8 @@ class GossipPeer(WorkerBase):
         t3 = time.time()
         self.span("reduce", t2, t3)
         nbytes = self._logical(payload) * len(self.nbrs[self.rank])
-        return {**info, "comm_s": t3 - t0, "bytes_sent": nbytes, "bytes_recv": nbytes,
-                "t_end": t3, "params": mixed.copy()}
+        return self.report({**info, "comm_s": t3 - t0, "bytes_sent": nbytes, "bytes_recv": nbytes,
+                            "t_end": t3, "params": mixed.copy()})
 
     def _receive_all(self, iteration: int) -> dict[int, np.ndarray]:
         """The neighbours' step models; the emulated ingress takes them in departure order.
@@ -164,5 +166,5 @@ class GossipPeer(WorkerBase):
                 self.version += 1
         t1 = time.time()
         self.span("send", t0, t1)
-        return {**info, "comm_s": t1 - t0, "bytes_sent": sent, "bytes_recv": recv,
-                "t_end": t1, "partner": partner, "params": self.get_params()}
+        return self.report({**info, "comm_s": t1 - t0, "bytes_sent": sent, "bytes_recv": recv,
+                            "t_end": t1, "partner": partner, "params": self.get_params()})

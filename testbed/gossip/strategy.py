@@ -51,8 +51,9 @@ from testbed.gossip.topology import (
     neighbours,
     spectral_gap,
 )
+from testbed.records import Recorder, UpdateRecord
 from testbed.runtime import remote
-from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
+from testbed.strategy import Strategy
 from testbed.workloads import make_workload
 from testbed.workloads.base import unflatten
 
@@ -60,9 +61,6 @@ RemoteGossipPeer = ray.remote(GossipPeer)
 
 
 class GossipSGD(Strategy):
-    name = "gossip"
-    family = "gossip"
-
     def setup(self) -> None:
         cfg, t = self.config, self.config.cluster.timeout_s
         self.degree = degree(cfg.gossip.topology, cfg.workers)
@@ -70,8 +68,7 @@ class GossipSGD(Strategy):
                                   concurrency=self.degree + 3)
         remote.get([p.ping.remote() for p in self.peers], t, "gossip worker start-up")
         params = remote.get(self.peers[0].get_params.remote(), t, "initial parameters")
-        ref = ray.put(params)
-        remote.get([p.set_params.remote(ref) for p in self.peers], t, "parameter broadcast")
+        remote.broadcast(self.peers, params, t)
         remote.get([p.connect.remote(self.peers) for p in self.peers], t, "gossip wiring")
         self.layout = remote.get(self.peers[0].layout.remote(), t, "layout")
         self.grad_bytes = remote.get(self.peers[0].logical_bytes.remote(), t, "sizes")
@@ -92,42 +89,43 @@ class GossipSGD(Strategy):
                 self._run_sync(recorder, evaluator, np.mean(replicas, axis=0))
         finally:
             evaluator.close(cfg.cluster.timeout_s)
-        recorder.events_from([e for p in self.peers
-                              for e in remote.get(p.drain_events.remote(), cfg.cluster.timeout_s, "events")])
+        recorder.events_from(remote.drain_events(self.peers, cfg.cluster.timeout_s))
 
     def _run_sync(self, recorder: Recorder, evaluator: _Evaluator, xbar: np.ndarray) -> None:
         cfg, n = self.config, self.config.workers
         done: dict[int, dict[int, dict[str, Any]]] = {}  # iteration -> worker -> info
         driver = _Driver(self.peers, "sync_step", cfg.steps, cfg.steps * n, cfg.cluster.timeout_s)
         for w, it, info, t_issue in driver:
-            recorder.step(self._step_record(w, it, info, it, it, t_issue))
+            self._record(recorder, w, it, info, it, it, t_issue)
             done.setdefault(it, {})[w] = info
             while len(done.get(len(self.distances), {})) == n:  # global steps complete in order
                 step, infos = len(self.distances), done.pop(len(self.distances))
                 replicas = [infos[r]["params"] for r in range(n)]
                 self.distances.append(consensus_distance(replicas))
+                applied = sum(1 for i in infos.values() if not i["skipped"])
                 evaluator.submit(step + 1, xbar, [(r, step) for r in range(n)],
-                                 max(i["t_end"] for i in infos.values()), n)
+                                 max(i["t_end"] for i in infos.values()), applied)
                 xbar = np.mean(replicas, axis=0)
 
     def _run_async(self, recorder: Recorder, evaluator: _Evaluator) -> None:
         cfg, n = self.config, self.config.workers
         driver = _Driver(self.peers, "async_step", None, cfg.steps, cfg.cluster.timeout_s)
         for version, (w, it, info, t_issue) in enumerate(driver, start=1):
-            recorder.step(self._step_record(w, it, info, info["version_read"], info["version_applied"], t_issue))
+            self._record(recorder, w, it, info, info["version_read"], info["version_applied"], t_issue)
             self.latest[w] = info["params"]
             replicas = [self.latest[r] for r in range(n)]
             self.distances.append(consensus_distance(replicas))
-            evaluator.submit(version, np.mean(replicas, axis=0), [(w, it)], info["t_applied"], 1)
+            evaluator.submit(version, np.mean(replicas, axis=0), [(w, it)], info["t_applied"],
+                             0 if info["skipped"] else 1)
 
-    def _step_record(self, w: int, it: int, info: dict[str, Any], read: int, applied: int,
-                     t_issue: float) -> StepRecord:
-        return StepRecord(
-            run_id=self.run_id, strategy=self.name, worker=w, iteration=it, version_read=read,
-            version_applied=applied, t_start=info["t_start"], compute_s=info["compute_s"],
-            comm_s=info["comm_s"], wait_s=max(0.0, info["t_start"] - t_issue),
-            bytes_sent=info["bytes_sent"], bytes_recv=info["bytes_recv"], samples=info["samples"],
-            loss=info["loss"], staleness=applied - read, injected_delay_s=info["injected_delay_s"])
+    def _record(self, recorder: Recorder, w: int, it: int, info: dict[str, Any], read: int, applied: int,
+                t_issue: float) -> None:
+        """A gossip iteration; a skipped one (--on-nan skip) applied nothing."""
+        if info["skipped"]:
+            recorder.fault("nan-skipped", f"worker{w}", it, info["t_applied"], info["t_applied"])
+        self.record(recorder, w, it, info, version_read=read,
+                    version_applied=None if info["skipped"] else applied,
+                    wait_s=max(0.0, info["t_start"] - t_issue))
 
     def summary_extra(self) -> dict[str, Any]:
         cfg = self.config
@@ -212,7 +210,8 @@ class _Evaluator:
                 self.model.set_params(xbar)
                 _, loss, _ = self.model.gradient(self.model.combine([self.model.batch(w, i) for w, i in batch]))
                 self.recorder.update(UpdateRecord(version=version, t_applied=t_applied,
-                                                  contributors=contributors, dropped=0, loss=float(loss)))
+                                                  contributors=contributors,
+                                                  dropped=len(batch) - contributors, loss=float(loss)))
             except BaseException as exc:  # noqa: BLE001 - surfaced on the driver's thread
                 self.error = exc
                 return

@@ -27,21 +27,20 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed.compression import Compressor, parse_compression
+from testbed.compression import Compressor
 from testbed.emulation.endpoint import Endpoint
-from testbed.emulation.faults import NonFiniteGradient, is_finite
+from testbed.emulation.faults import NanPolicy
+from testbed.emulation.network import sleep_until
+from testbed.records import Recorder, UpdateRecord
 from testbed.runtime import remote
 from testbed.runtime.worker import WorkerBase
-from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
+from testbed.strategy import Strategy
 from testbed.workloads import make_workload
 
 MapWorker = ray.remote(WorkerBase)
 
 
 class MapReduce(Strategy):
-    name = "mapreduce"
-    family = "mapreduce"
-
     def setup(self) -> None:
         cfg = self.config
         self.workers = remote.spawn(MapWorker, self.cluster, cfg.workers, cfg, device=self.cluster.device,
@@ -49,12 +48,13 @@ class MapReduce(Strategy):
         self.model = make_workload(cfg.workload, seed=cfg.seed, workers=cfg.workers)
         self.params = self.model.get_params()
         self.endpoint = Endpoint(cfg.network, "driver")
-        spec = parse_compression(cfg.compression)
+        spec = cfg.compression
         self.decompressor = Compressor(spec, self.params.size) if spec.kind != "none" else None
+        self.nan = NanPolicy(cfg.faults.on_nan)
         self.liveness = remote.Liveness(self.workers, cfg.cluster.timeout_s, "worker")
 
     def run(self, recorder: Recorder) -> None:
-        cfg, n = self.config, self.config.workers
+        cfg = self.config
         self.k = self.model.logical_bytes
         for step in range(cfg.steps):
             while True:
@@ -67,9 +67,7 @@ class MapReduce(Strategy):
                         recorder.fault("worker-restart", f"worker{r}", step, t_issue, time.time(),
                                        cause=type(exc).__name__)
             self._reduce(recorder, step, t_issue, results, arrivals)
-        recorder.events_from([e for w in self.workers
-                              for e in remote.get(w.drain_events.remote(), cfg.cluster.timeout_s, "events")])
-        recorder.extra.update(driver_bytes_per_step=2 * n * self.k, grad_bytes_logical=self.k)
+        recorder.events_from(remote.drain_events(self.workers, cfg.cluster.timeout_s))
 
     def _map(self, step: int) -> tuple[list[Any], dict[int, float]]:
         """Broadcast params once, collect every gradient with its arrival time at the driver."""
@@ -90,7 +88,8 @@ class MapReduce(Strategy):
         results = remote.get(list(pending), cfg.cluster.timeout_s, "mapreduce gradients")
         if self.endpoint.emulated:  # gradients queue at the driver's ingress, in arrival order
             for r in sorted(arrivals, key=arrivals.get):
-                self.endpoint.receive(results[r][1]["bytes_sent"], results[r][1]["departure"])
+                info = results[r][1]
+                sleep_until(self.endpoint.delivery(info["bytes_sent"], info["departure"], arrivals[r]))
                 arrivals[r] = time.time()
         if self.decompressor is not None:
             results = [(self.decompressor.decompress(g), info) for g, info in results]
@@ -101,10 +100,8 @@ class MapReduce(Strategy):
         """Average the finite gradients, apply, record (a NaN gradient is never applied)."""
         cfg = self.config
         t_reduce = time.time()
-        finite = [is_finite(g) for g, _ in results]
-        if not all(finite) and cfg.faults.on_nan == "stop":
-            raise NonFiniteGradient(f"mapreduce step {step}: workers {[r for r, ok in enumerate(finite) if not ok]} "
-                                    "sent a non-finite gradient (--on-nan stop)")
+        finite = [self.nan.admit(g, f"mapreduce step {step}: worker {r}'s gradient")
+                  for r, (g, _) in enumerate(results)]
         used = [g for (g, _), ok in zip(results, finite, strict=True) if ok]
         if used:
             grad = np.mean(np.stack(used), axis=0, dtype=np.float32)
@@ -115,19 +112,21 @@ class MapReduce(Strategy):
         for r, (_, info) in enumerate(results):
             if not finite[r]:
                 recorder.fault("nan-skipped", f"worker{r}", step, t_reduce, t_reduce)
-            recorder.step(StepRecord(
-                run_id=self.run_id, strategy=self.name, worker=r, iteration=step,
-                version_read=step, version_applied=step if finite[r] else -1, t_start=t_issue,
-                compute_s=info["compute_s"],
-                comm_s=max(0.0, arrivals[r] - t_issue - info["compute_s"] - info["injected_delay_s"]),
-                wait_s=(last - arrivals[r]) + (t_applied - t_reduce),
-                bytes_sent=info["bytes_sent"], bytes_recv=self.k, samples=info["samples"],
-                loss=info["loss"], staleness=0 if finite[r] else -1,
-                injected_delay_s=info["injected_delay_s"]))
+            info.update(t_start=t_issue, bytes_recv=self.k,
+                        comm_s=max(0.0, arrivals[r] - t_issue - info["compute_s"] - info["injected_delay_s"]))
+            self.record(recorder, r, step, info, version_read=step,
+                        version_applied=step if finite[r] else None,
+                        wait_s=(last - arrivals[r]) + (t_applied - t_reduce))
         losses = [info["loss"] for (_, info), ok in zip(results, finite, strict=True) if ok]
         recorder.update(UpdateRecord(version=step + 1, t_applied=t_applied, contributors=len(used),
                                      dropped=len(results) - len(used),
                                      loss=float(np.mean(losses)) if losses else float("nan")))
+
+    def summary_extra(self) -> dict[str, Any]:
+        k = self.model.logical_bytes
+        push = self.config.compression.wire_bytes(k)
+        return {"grad_bytes_logical": k, "driver_bytes_per_step": int(self.config.workers * (k + push)),
+                "endpoint_late_s": self.endpoint.late_s}
 
     def parameters(self) -> dict[str, np.ndarray]:
         return self.model.unflatten(self.params)

@@ -27,13 +27,24 @@ from typing import Any
 
 import numpy as np
 
-from testbed.config import NetworkConfig
+from testbed.compression import Compressor
+from testbed.config import CompressionSpec, NetworkConfig
+from testbed.config.faults import Fault
 from testbed.emulation.endpoint import Endpoint
+from testbed.emulation.faults import FaultPlan, NanPolicy
+from testbed.runtime.worker import restarted
+from testbed.split import chunk_bounds
+
+
+def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
+    """Shard s owns the flat range [lo, hi) of the parameters: equal slices, balanced by bytes
+    (a tensor may be split between shards)."""
+    return chunk_bounds(numel, shards)
 
 
 class ShardState:
     def __init__(self, params: np.ndarray, *, lr: float, sync: bool, workers: int,
-                 backup: int = 0, max_updates: int | None = None, skip_nan: bool = True) -> None:
+                 backup: int = 0, max_updates: int | None = None, on_nan: str = "skip") -> None:
         self.params = np.array(params, dtype=np.float32, copy=True)
         self.lr = np.float32(lr)
         self.sync, self.workers = sync, workers
@@ -45,7 +56,7 @@ class ShardState:
         self.updates: list[dict[str, Any]] = []  # one per applied version (append-only log)
         self.busy_s = 0.0
         self.epoch = 0  # bumped by a rollback: work begun before it is refused
-        self.skip_nan = skip_nan
+        self.nan = NanPolicy(on_nan)
         self.cv = threading.Condition()
 
     @property
@@ -71,23 +82,21 @@ class ShardState:
         """Offer a gradient; return what happened to it.
 
         status: applied / dropped (late, backup workers) / nan (non-finite, never applied) /
-        duplicate (retried) / finished / stale-epoch (computed before a rollback).
+        duplicate (retried) / finished / stale-epoch (computed before a rollback). Staleness
+        and version_applied are None for a gradient that was not applied.
         """
         with self.cv:
             if epoch != self.epoch:
-                return {"status": "stale-epoch", "version_applied": -1, "staleness": -1}
+                return {"status": "stale-epoch", "version_applied": None, "staleness": None}
             key = (worker, iteration)
             if key in self.seen:
-                return {"status": "duplicate", "version_applied": -1, "staleness": -1}
+                return {"status": "duplicate", "version_applied": None, "staleness": None}
             self.seen.add(key)
             if self.finished:
-                return {"status": "finished", "version_applied": -1, "staleness": -1}
-            if not np.isfinite(grad).all():
-                if not self.skip_nan:
-                    raise FloatingPointError(f"worker {worker} iteration {iteration}: non-finite "
-                                             "gradient (--on-nan stop)")
+                return {"status": "finished", "version_applied": None, "staleness": None}
+            if not self.nan.admit(grad, f"worker {worker} iteration {iteration}'s gradient"):
                 if not self.sync:
-                    return {"status": "nan", "version_applied": -1, "staleness": -1}
+                    return {"status": "nan", "version_applied": None, "staleness": None}
                 grad = None  # counts towards the quorum, never towards the average
             if self.sync:
                 return self._push_sync(grad, version_read, loss)
@@ -100,12 +109,12 @@ class ShardState:
 
     def _push_sync(self, grad: np.ndarray, version_read: int, loss: float) -> dict[str, Any]:
         if version_read != self.version:  # a backup worker's late gradient for a past version
-            return {"status": "dropped", "version_applied": -1, "staleness": -1}
+            return {"status": "dropped", "version_applied": None, "staleness": None}
         self.pending.append((None if grad is None else np.asarray(grad, dtype=np.float32), loss))
         at = self.version
         status = "applied" if grad is not None else "nan"
-        ack = {"status": status, "version_applied": at if grad is not None else -1,
-               "staleness": 0 if grad is not None else -1}
+        ack = {"status": status, "version_applied": at if grad is not None else None,
+               "staleness": 0 if grad is not None else None}
         if len(self.pending) >= self.quorum:
             t0 = time.perf_counter()
             used = [(g, x) for g, x in self.pending if g is not None]
@@ -165,26 +174,26 @@ class ShardActor:
     """
 
     def __init__(self, params: np.ndarray, net: NetworkConfig, rank: int, logical_factor: float,
-                 checkpoint_dir: str | None = None, checkpoint_every: int = 0, fail: str = "none",
-                 compression: str = "none", **state: Any) -> None:
-        from testbed.compression import Compressor, parse_compression
-        from testbed.emulation.faults import FaultPlan, parse_faults
-        from testbed.runtime.worker import _restarted
-
+                 checkpoint_dir: str | None = None, checkpoint_every: int = 0,
+                 faults: tuple[Fault, ...] = (), compression: CompressionSpec | None = None,
+                 **state: Any) -> None:
         self.state = ShardState(params, **state)
         self.rank = rank
-        self.endpoint = Endpoint(net, f"ps{rank}")
+        self.actor = f"ps{rank}"
+        self.endpoint = Endpoint(net, self.actor)
         self.logical_bytes = int(params.size * 4 * logical_factor)
         self.factor = logical_factor
-        spec = parse_compression(compression)
-        self.decompressor = Compressor(spec, params.size) if spec.kind != "none" else None
+        self.decompressor = (Compressor(compression, params.size)
+                             if compression is not None and compression.kind != "none" else None)
         self.t_created = time.time()
         self.dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.every = checkpoint_every
-        restarted = _restarted()
-        self.faults = FaultPlan(parse_faults(fail), "server", rank, restarted)
+        again = restarted()
+        self.faults = FaultPlan(faults, "server", rank, again)
         self.lost = False
-        if restarted:
+        self.events: list[tuple[str, str, float, float]] = []
+        self._events_lock = threading.Lock()
+        if again:
             versions = self.checkpoint_versions()
             if versions:
                 self.state.load(self._path(versions[-1]))
@@ -209,21 +218,41 @@ class ShardActor:
     def health(self) -> dict[str, Any]:
         return {"lost": self.lost, "version": self.state.version, "epoch": self.state.epoch}
 
+    def _span(self, phase: str, t0: float, t1: float) -> None:
+        with self._events_lock:  # pushes and pulls run on concurrent actor threads
+            self.events.append((self.actor, phase, t0, t1))
+
+    def drain_events(self) -> list[tuple[str, str, float, float]]:
+        with self._events_lock:
+            out, self.events = self.events, []
+        return out
+
     def pull(self, min_version: int, timeout: float, epoch: int = 0) -> tuple[Any, ...]:
+        t0 = time.time()
         params, version, waited = self.state.pull(min_version, timeout, epoch)
+        if waited > 0.0005:
+            self._span("wait", t0, t0 + waited)
         departure = self.endpoint.send(self.logical_bytes)
         return params, version, waited, departure, self.state.epoch
 
     def push(self, grad: np.ndarray, version_read: int, worker: int, iteration: int, loss: float,
              departure: float | None, epoch: int = 0) -> dict[str, Any]:
+        """Receive (through the NIC), decompress, apply or hold; the ack carries this shard's
+        spans so far, so a run that dies keeps the servers' timeline too."""
+        t0 = time.time()
         self.endpoint.receive(int(grad.nbytes * self.factor), departure)
+        t1 = time.time()
+        self._span("recv", t0, t1)
         if self.decompressor is not None:
             grad = self.decompressor.decompress(grad)
         if self.faults.due(self.state.version) == "kill":
             os._exit(1)  # injected shard death, about to apply this version
         ack = self.state.push(grad, version_read, worker, iteration, loss, epoch)
+        if "update" in ack:
+            self._span("apply", t1, time.time())
         if self.every and "update" in ack and ack["update"]["version"] % self.every == 0:
             self.state.save(self._path(ack["update"]["version"]))
+        ack["events"] = self.drain_events()
         return ack
 
     def version(self) -> int:
@@ -241,5 +270,6 @@ class ShardActor:
 
     def stats(self) -> dict[str, Any]:
         return {"busy_s": self.state.busy_s, "bytes_in": self.endpoint.bytes_in,
+                "late_s": self.endpoint.late_s,
                 "bytes_out": self.endpoint.bytes_out, "version": self.state.version,
                 "wall_s": time.time() - self.t_created}

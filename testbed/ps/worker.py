@@ -51,6 +51,7 @@ class PSWorker(WorkerBase):
         t_done = time.time()
         self.span("send", t_pushing, t_done)
         k = int(self.workload.numel * 4 * self.logical_factor)
-        return {**info, "t_start": t0, "versions": versions, "acks": acks, "server_wait_s": server_wait,
-                "comm_s": max(0.0, t_pulled - t0 - server_wait) + (t_done - t_pushing),
-                "bytes_sent": sent, "bytes_recv": k, "t_end": t_done}
+        return self.report({**info, "t_start": t0, "versions": versions, "acks": acks,
+                            "server_wait_s": server_wait,
+                            "comm_s": max(0.0, t_pulled - t0 - server_wait) + (t_done - t_pushing),
+                            "bytes_sent": sent, "bytes_recv": k, "t_end": t_done})

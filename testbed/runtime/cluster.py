@@ -104,6 +104,32 @@ def check_reachable(address: str, timeout: float = 3.0) -> None:
                           "start a head with 'ray start --head' or drop --address") from None
 
 
+def start_ray(address: str | None, *, flag: str = "--address") -> bool:
+    """Start the embedded local Ray (address None, no RAY_ADDRESS) or attach to a running one;
+    return True if this call started or attached it (the caller then shuts it down), False if
+    Ray was already up in this process. The only place Ray is started.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    try:
+        if address is None:
+            ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, configure_logging=False,
+                     log_to_driver=True)
+        else:
+            check_reachable(address)
+            ray.init(address=address, include_dashboard=False, configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"{flag} {address!r}: cannot start or reach Ray ({first[:160]}); "
+            "start a head with 'ray start --head' or drop the address"
+        ) from None
+    return True
+
+
 class Cluster:
     """Start (or attach to) Ray, reserve resources for one run's actors, release them."""
 
@@ -142,23 +168,7 @@ class Cluster:
 
         if not ray.is_initialized():
             self.precheck_local()
-            address = self.address()
-            try:
-                if address is None:
-                    ray.init(
-                        num_cpus=os.cpu_count() or 1, include_dashboard=False,
-                        configure_logging=False,
-                        log_to_driver=True,
-                    )
-                else:
-                    ray.init(address=address, include_dashboard=False, configure_logging=False)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise ConfigError(
-                    f"--address {address!r}: cannot connect to Ray ({first[:160]}); "
-                    "start a head with 'ray start --head' or drop --address"
-                ) from None
-            self.started_ray = True
+            self.started_ray = start_ray(self.address())
         res = ray.cluster_resources()
         self.plan = self._plan(res.get("CPU", 0.0), res.get("GPU", 0.0), res.get("memory", 0.0) or 1e12)
         self._reserve()

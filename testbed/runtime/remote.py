@@ -1,4 +1,5 @@
-"""Helpers every strategy uses to talk to its actors: timed waits, spawning, killing.
+"""Helpers every strategy uses to talk to its actors: timed waits, spawning, broadcasting,
+killing, collecting timeline spans, and telling a restarted actor from a healthy one.
 
 Every wait on a remote call has a timeout; a hang becomes `RemoteTimeout`, never a stuck run.
 """
@@ -9,6 +10,8 @@ import time
 from typing import Any
 
 import ray
+
+from testbed.emulation.faults import RestartsExhausted
 
 STARTUP_S = 180.0  # an actor's start-up (process + imports) on a loaded 2-core machine
 
@@ -31,6 +34,14 @@ def get(refs: Any, timeout: float, what: str) -> Any:
             f"{what} did not answer within {timeout:g}s; a worker may be hung (raise --timeout if the "
             "machine is just slow)"
         ) from None
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The exception an actor raised, under Ray's wrappers (a RayTaskError's cause, recursively:
+    an actor that calls another actor wraps that one's error again)."""
+    while getattr(exc, "cause", None) is not None and exc.cause is not exc:
+        exc = exc.cause
+    return exc
 
 
 def spawn(actor_cls: Any, cluster: Any, count: int, *args: Any, server: bool = False,
@@ -80,7 +91,7 @@ class Liveness:
         """Bring every dead or hung actor back; return the indices that were restarted."""
         revived = self.find_dead()
         for i in revived:
-            self.alive(i, self.wait_alive(i))
+            self.wait_alive(i)
         return revived
 
     def alive(self, i: int, pid: int) -> None:
@@ -90,8 +101,6 @@ class Liveness:
 
     def find_dead(self) -> list[int]:
         """Indices of actors that died (now restarting) or hang (killed here, so Ray restarts them)."""
-        from testbed.emulation.faults import RestartsExhausted
-
         pings = [h.ping.remote() for h in self.handles]
         ready, _ = ray.wait(pings, num_returns=len(pings), timeout=min(self.timeout, 10.0))
         revived = []
@@ -103,8 +112,7 @@ class Liveness:
             try:
                 pid = ray.get(ref)
             except ray.exceptions.ActorDiedError:
-                raise RestartsExhausted(f"{self.what} {i} died and has no restarts left "
-                                        f"(--max-restarts); the run stops") from None
+                raise self._exhausted(i) from None
             except ray.exceptions.RayActorError:
                 revived.append(i)
                 continue
@@ -112,17 +120,43 @@ class Liveness:
                 revived.append(i)
         return revived
 
-    def wait_alive(self, i: int) -> int:
-        """Block until actor i answers again (after a restart); return its pid."""
-        from testbed.emulation.faults import RestartsExhausted
+    def ping(self, i: int) -> Any:
+        """Start asking actor i whether it is back; pass the ref to `answered` once it is ready."""
+        return self.handles[i].ping.remote()
 
+    def answered(self, i: int, ref: Any, timeout: float = 0.0) -> bool:
+        """True if the ping `ref` shows actor i back (its restart is counted); False while it is
+        still restarting; RestartsExhausted when it is dead for good."""
+        try:
+            pid = ray.get(ref, timeout=timeout)
+        except ray.exceptions.ActorDiedError:
+            raise self._exhausted(i) from None
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return False
+        self.alive(i, pid)
+        return True
+
+    def wait_alive(self, i: int) -> None:
+        """Block until actor i answers again after a restart."""
         deadline = time.monotonic() + startup_timeout(self.timeout)
         while time.monotonic() < deadline:
-            try:
-                return ray.get(self.handles[i].ping.remote(), timeout=max(0.1, deadline - time.monotonic()))
-            except ray.exceptions.ActorDiedError:
-                raise RestartsExhausted(f"{self.what} {i} died and has no restarts left "
-                                        f"(--max-restarts); the run stops") from None
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                time.sleep(0.1)
+            if self.answered(i, self.ping(i), timeout=max(0.1, deadline - time.monotonic())):
+                return
+            time.sleep(0.1)
         raise RemoteTimeout(f"{self.what} {i} did not come back within {self.timeout:g}s after a restart")
+
+    def _exhausted(self, i: int) -> Exception:
+        return RestartsExhausted(f"{self.what} {i} died and has no restarts left (--max-restarts); "
+                                 "the run stops")
+
+
+def broadcast(handles: list[Any], params: Any, timeout: float, what: str = "parameter broadcast") -> None:
+    """Give every actor the same parameters: one object in the store, N `set_params` calls."""
+    ref = ray.put(params)
+    get([h.set_params.remote(ref) for h in handles], timeout, what)
+
+
+def drain_events(handles: list[Any], timeout: float) -> list[tuple[str, str, float, float]]:
+    """Timeline spans the actors recorded since their last report (what reports did not carry)."""
+    return [e for rows in get([h.drain_events.remote() for h in handles], timeout, "timeline events")
+            for e in rows]

@@ -1,22 +1,28 @@
 """The worker: a workload replica with its data shard, straggler model and timing, as a plain class.
 
 Strategies wrap `WorkerBase` (or a subclass with their transport) in a Ray actor; the class
-itself has no Ray dependency so that its logic runs in tests without a cluster.
+itself needs no Ray so that its logic runs in tests without a cluster.
+
+What every strategy's worker shares is here, once: the injected faults, the straggler stretch
+of compute (`testbed.emulation.stragglers.Stretch`), the spans of its timeline (handed back
+with every report, so a run that dies keeps the timeline it had), its NIC and the compression
+of what it sends.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from testbed.compression import Compressor, parse_compression
+from testbed.compression import Compressor
 from testbed.config import RunConfig
 from testbed.emulation.endpoint import Endpoint
-from testbed.emulation.faults import FaultPlan, parse_faults, poison
-from testbed.emulation.stragglers import StragglerModel, parse_stragglers
+from testbed.emulation.faults import FaultPlan, NanPolicy, poison
+from testbed.emulation.stragglers import StragglerModel
 from testbed.workloads import make_workload
 
 
@@ -34,7 +40,7 @@ def limit_threads(cpus: float) -> None:
     torch.set_num_threads(n)
 
 
-def _restarted() -> bool:
+def restarted() -> bool:
     """True in an actor that Ray restarted after a death (its faults must not fire again)."""
     import warnings
 
@@ -58,17 +64,17 @@ class WorkerBase:
         self.workload = make_workload(
             config.workload, seed=config.seed, workers=config.workers, device=device
         )
-        self.stragglers = StragglerModel(parse_stragglers(config.straggler), config.seed)
+        self.stragglers = StragglerModel(config.straggler.items, config.seed)
         self.actor = f"worker{rank}"
         self.events: list[tuple[str, str, float, float]] = []
         self.endpoint = Endpoint(config.network, self.actor)
         self.hung = False
-        self.faults = FaultPlan(parse_faults(config.faults.fail), "worker", rank, restarted=_restarted())
+        self.faults = FaultPlan(config.faults.fail.items, "worker", rank, restarted=restarted())
+        self.nan = NanPolicy(config.faults.on_nan)
         self.logical_factor = self.workload.logical_bytes / (self.workload.numel * 4)
-        spec = parse_compression(config.compression)
         # mapreduce / PS gradients leave compressed (the ring family compresses per bucket itself)
         self.compressors: dict[tuple[int, int], Compressor] = {}
-        self.compression = spec if spec.kind != "none" else None
+        self.compression = config.compression if config.compression.kind != "none" else None
 
     # ---- plumbing shared by every strategy
     def ping(self) -> int:
@@ -96,16 +102,14 @@ class WorkerBase:
     def span(self, phase: str, t0: float, t1: float) -> None:
         self.events.append((self.actor, phase, t0, t1))
 
-    # ---- compute
-    def straggle(self, iteration: int, compute_s: float) -> float:
-        """Sleep this iteration's injected delay; return it."""
-        delay = self.stragglers.delay(self.rank, iteration, compute_s)
-        if delay > 0:
-            t0 = time.time()
-            time.sleep(delay)
-            self.span("wait", t0, time.time())
-        return delay
+    def report(self, info: dict[str, Any]) -> dict[str, Any]:
+        """An iteration's report as it leaves the actor: with the spans recorded since the last,
+        and how late (past their emulated delivery) its messages arrived meanwhile."""
+        info["events"] = self.drain_events()
+        info["late_s"] = self.endpoint.take_late()
+        return info
 
+    # ---- compute
     def inject(self, iteration: int) -> str | None:
         """Fire this iteration's injected fault: kill or hang here; 'nan' is returned to poison."""
         kind = self.faults.due(iteration)
@@ -117,19 +121,39 @@ class WorkerBase:
                 time.sleep(1.0)
         return kind
 
-    def compute(self, iteration: int) -> tuple[np.ndarray, dict[str, Any]]:
-        """Gradient of this worker's batch at its current parameters, with timings."""
+    def gradient(self, iteration: int, batch: Any,
+                 buckets: list[list[int]] | None = None,
+                 on_ready: Callable[[int, Any], None] | None = None) -> tuple[Any, dict[str, Any]]:
+        """This worker's gradient of `batch` at its current parameters, as a slow machine would
+        produce it (the straggler stretch), with the iteration's timings.
+
+        With `buckets`, `on_ready(b, view)` is called as backward finishes each bucket (after
+        the stretch's sleep for that moment), so communication can overlap the rest of it.
+        """
         fault = self.inject(iteration)
+        stretch = self.stragglers.stretch(self.rank, iteration)
         t0 = time.time()
-        grad, loss, samples = self.workload.gradient(self.workload.batch(self.rank, iteration))
-        if fault == "nan":
-            poison(grad)
+        if buckets is None:
+            grad, loss, samples = self.workload.gradient(batch)
+            if fault == "nan":
+                poison(grad)
+        else:
+            def ready(b: int, view: Any) -> None:
+                if fault == "nan":
+                    poison(view)
+                stretch.ready()
+                on_ready(b, view)
+
+            grad, loss, samples = self.workload.gradient_buckets(batch, buckets, ready)
+        stretch.ready()
         t1 = time.time()
         self.span("compute", t0, t1)
-        delay = self.straggle(iteration, t1 - t0)
-        info = {"t_start": t0, "compute_s": t1 - t0, "loss": loss, "samples": samples,
-                "injected_delay_s": delay}
-        return grad, info
+        return grad, {"t_start": t0, "compute_s": stretch.compute_s, "loss": loss, "samples": samples,
+                      "injected_delay_s": stretch.injected_s, "t_computed": t1}
+
+    def compute(self, iteration: int) -> tuple[np.ndarray, dict[str, Any]]:
+        """Gradient of this worker's batch for `iteration` (see `gradient`)."""
+        return self.gradient(iteration, self.workload.batch(self.rank, iteration))
 
     def compute_at(self, params: np.ndarray, iteration: int,
                    departure: float | None = None) -> tuple[np.ndarray, dict[str, Any]]:
@@ -143,7 +167,7 @@ class WorkerBase:
         payload = self.outgoing(grad, 0, grad.size)
         info["bytes_sent"] = int(payload.nbytes * self.logical_factor)
         info["departure"] = self.endpoint.send(info["bytes_sent"])
-        return payload, info
+        return payload, self.report(info)
 
     def outgoing(self, grad: np.ndarray, lo: int, hi: int) -> np.ndarray:
         """The gradient slice as it goes on the wire: compressed (with its own top-k residual)."""

@@ -33,7 +33,7 @@ class SyntheticWorkload(Workload):
         self.cfg, self.seed, self.workers = cfg, seed, workers
         logical_elems = max(1, int(cfg.grad_mb * 2**20) // 4)
         self.logical_bytes = logical_elems * 4
-        self.numel = max(TENSORS, int(round(logical_elems * cfg.payload_scale)))
+        self.numel = max(TENSORS, int(round(logical_elems * cfg.payload.scale)))
         per, extra = divmod(self.numel, TENSORS)
         self.layout = [(f"layer{i}", (per + (1 if i < extra else 0),)) for i in range(TENSORS)]
         self.target = np.random.default_rng([seed, 3]).standard_normal(self.numel, dtype=np.float32)

@@ -7,12 +7,10 @@ import ray
 
 from testbed.allreduce.algorithms import ALGORITHMS, bytes_moved, groups_of_size, schedule
 from testbed.allreduce.peer import RingPeer
-from testbed.analysis.costmodel import allreduce_comm_s
+from testbed.allreduce.spec import allreduce_comm_s
 from testbed.compression import topk_count
 from testbed.reference import reference_sgd
 from tests.ray.helpers import make_config, run_strategy
-
-pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 SYNTHETIC = {"workload.name": "synthetic", "workload.grad_mb": 0.01, "workload.compute_ms": 0.0}
 

@@ -6,7 +6,6 @@ import pytest
 from testbed.compression import topk_count
 from tests.ray.helpers import make_config, run_strategy
 
-pytestmark = pytest.mark.usefixtures("ray_cluster")
 SYN = {"workload.name": "synthetic", "workload.grad_mb": 0.05, "workload.compute_ms": 0.0}
 
 

@@ -1,71 +1,43 @@
-"""Emulated network and stragglers: measured vs cost model, curve shapes, injected delays.
+"""Emulated network and stragglers: shards against the cost model, injected delays.
 
-Runs are small but emulated time dominates Ray's own per-message cost (about a millisecond
-here), so ratios are stable on a loaded 2-core machine. Tolerances are ratios within one run.
+The scaling curves of mapreduce, ring and ps-sync against the model (per point and as ratios)
+are tests/ray/test_regression.py's. Tolerances are ratios within one run, widened by what the
+run measured leaking past the emulator (`emulation_leak_frac`).
 """
 
 import numpy as np
 import pytest
 
-from testbed.analysis.metrics import summarize
-from testbed.session import _predictions
 from tests.ray.helpers import make_config, run_strategy
 
-pytestmark = pytest.mark.usefixtures("ray_cluster")
-
-# ring moves 2(N-1) small chunks per step, so it needs a larger K for the same signal
-EMULATED = {
-    "ring": {"workload.grad_mb": 100.0, "workload.payload": "scaled:0.01"},
-    "ps-sync": {"workload.grad_mb": 10.0, "workload.payload": "scaled:0.01"},
-    "mapreduce": {"workload.grad_mb": 10.0, "workload.payload": "scaled:0.01"},
-}
-NET = {"workload.name": "synthetic", "workload.compute_ms": 0.0, "network.bandwidth": "1Gbit",
-       "network.latency": "50us"}
+SYN = {"workload.name": "synthetic", "workload.compute_ms": 0.0, "workload.grad_mb": 10.0,
+       "workload.payload": "scaled:0.01"}
+NET = {**SYN, "network.bandwidth": "1Gbit", "network.latency": "50us"}
 
 
-def _summary(cfg, out):
-    s = summarize(out["steps"], out["updates"], strategy=cfg.strategy, workers=cfg.workers,
-                  status="completed")
-    s.update(_predictions(cfg, s, out["steps"], out["updates"], out["extra"]))
-    return s
+def _min_step(out):
+    return float(np.diff(out["updates"]["t_applied"]).min())
 
 
-@pytest.fixture(scope="module")
-def emulated(ray_cluster):
-    rows = {}
-    for strategy, extra in EMULATED.items():
-        for n in (2, 4, 8, 16):
-            cfg = make_config(strategy=strategy, workers=n, steps=3, **NET, **extra)
-            rows[strategy, n] = _summary(cfg, run_strategy(cfg))
-    return rows
+def test_ps_shards_divide_the_step_time():
+    """S = 4 shards cut a step at least by the model's (N+1)/((N+2S-1)/S) = 5/2.75, within what the
+    machine can resolve: the same runs on the real network (no emulation) measure the machine's
+    own cost per step c, which can add to an emulated step at most, so t1/t4 >= m1/(m4 + c4).
 
-
-@pytest.mark.parametrize("strategy", sorted(EMULATED))
-@pytest.mark.parametrize("n", [2, 4, 8, 16])
-def test_measured_comm_within_10_percent_of_cost_model(emulated, strategy, n):
-    s = emulated[strategy, n]
-    assert s["comm_s_per_step"] == pytest.approx(s["predicted_comm_s"], rel=0.10), s["formula"]
-
-
-def test_ps_grows_linearly_while_ring_stays_flat(emulated):
-    ps = [emulated["ps-sync", n]["step_time_mean_s"] for n in (2, 4, 8, 16)]
-    # linear in N: doubling N roughly doubles the step (pipelined model: (N+1) K/B)
-    for small, big in zip(ps, ps[1:], strict=False):
-        assert 1.5 < big / small < 2.2
-    ring4, ring16 = emulated["ring", 4], emulated["ring", 16]
-    measured = ring16["step_time_mean_s"] / ring4["step_time_mean_s"]
-    model = ring16["predicted_step_s"] / ring4["predicted_step_s"]
-    assert measured == pytest.approx(model, rel=0.10)
-    assert model == pytest.approx(1.25, rel=0.02)  # (15/16) / (3/4) when latency is negligible
-
-
-def test_ps_shards_divide_the_step_time(ray_cluster):
-    extra = {**NET, **EMULATED["ps-sync"]}
-    one = run_strategy(make_config(strategy="ps-sync", workers=8, steps=3, **extra))
-    four = run_strategy(make_config(strategy="ps-sync", workers=8, steps=3, **extra, **{"ps.shards": 4}))
-    t1 = np.diff(one["updates"]["t_applied"]).mean()
-    t4 = np.diff(four["updates"]["t_applied"]).mean()
-    assert 2.0 < t1 / t4 < 4.5  # (N+1)/((N+2S-1)/S) = 9/2.75 = 3.3 in the pipelined model
+    The pipelined model assumes every shard serves the workers' pulls in the same order, so each
+    worker's S pieces queue at its ingress; shards that serve in other orders (pulls reach them
+    in any order) spread them out, down to 2a + N K/(S B) + K/B: the upper bound of the ratio."""
+    shards = {"ps.shards": 4}
+    one = run_strategy(make_config(strategy="ps-sync", workers=4, steps=3, **NET))
+    four = run_strategy(make_config(strategy="ps-sync", workers=4, steps=3, **NET, **shards))
+    c1 = _min_step(run_strategy(make_config(strategy="ps-sync", workers=4, steps=3, **SYN)))
+    c4 = _min_step(run_strategy(make_config(strategy="ps-sync", workers=4, steps=3, **SYN, **shards)))
+    m1, m4 = one["summary"]["predicted_step_s"], four["summary"]["predicted_step_s"]
+    assert m1 / m4 == pytest.approx(5 / 2.75, rel=1e-3)  # 2a is tiny beside K/B
+    k, b, a = 10 * 2**20, 1e9 / 8, 50e-6
+    best4 = 2 * a + 4 * k / (4 * b) + k / b
+    ratio = _min_step(one) / _min_step(four)
+    assert 0.97 * m1 / (m4 + c4) <= ratio <= 1.03 * (m1 + c1) / best4, (ratio, m1, m4, best4, c1, c4)
 
 
 @pytest.mark.parametrize("strategy", ["mapreduce", "ring", "ps-sync"])

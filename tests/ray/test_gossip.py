@@ -5,15 +5,13 @@ import numpy as np
 import pytest
 import ray
 
-from testbed.gossip.strategy import GossipSGD
 from testbed.gossip.topology import consensus_distance, mix, mixing_row, neighbours
+from testbed.records import Recorder
 from testbed.reference import reference_sgd
+from testbed.registry import SPECS
 from testbed.runtime.cluster import Cluster
-from testbed.strategy import Recorder
 from testbed.workloads import make_workload
 from tests.ray.helpers import make_config, run_strategy
-
-pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 SYNTHETIC = {"workload.name": "synthetic", "workload.grad_mb": 0.01, "workload.compute_ms": 0.0}
 
@@ -53,7 +51,7 @@ def test_ring_gossip_matches_dpsgd_and_consensus_distance_shrinks():
     cfg = make_config(strategy="gossip", workers=6, **SYNTHETIC, **{"gossip.topology": "ring"})
     rec = Recorder()
     cluster = Cluster(cfg.cluster, workers=cfg.workers, torch_workers=False)
-    with cluster, GossipSGD(cfg, cluster) as strategy:
+    with cluster, SPECS["gossip"].create(cfg, cluster) as strategy:
         base = strategy.replica_parameters()[0]
         rng = np.random.default_rng(0)
         start = [base + rng.standard_normal(base.size).astype(np.float32) for _ in range(cfg.workers)]

@@ -11,7 +11,7 @@ import pytest
 from testbed.reference import reference_sgd
 from tests.ray.helpers import make_config, run_strategy
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("ray_cluster")]
+pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize(("strategy", "extra"), [

@@ -7,7 +7,10 @@ import pytest
 import ray
 
 from testbed.allreduce.peer import RingPeer, ring_allreduce, wire_ring
+from tests.conftest import restart_session_ray
 from tests.ray.helpers import make_config
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +26,7 @@ def two_nodes():
     yield
     ray.shutdown()
     cluster.shutdown()
+    restart_session_ray()  # the rest of the session runs on the usual local Ray
 
 
 @ray.remote
@@ -43,9 +47,11 @@ def test_ring_across_nodes_equals_numpy_sum():
              .remote(cfg, rank=r) for r in range(n)]
     try:
         assert len(set(ray.get([p.node_id.remote() for p in peers], timeout=120))) == 2
-        wire_ring(peers, 120)
+        # links sized for the largest chunk, as a run sizes them (a run's links never grow;
+        # growth is tested on one node in test_ring.py)
+        wire_ring(peers, 120, nbytes=-(-300_000 // n) * 4)
         rng = np.random.default_rng(5)
-        for length in (1001, 300_000):  # bytes messages and zero-copy tuples; 300k outgrows the link
+        for length in (1001, 300_000):  # bytes messages, then zero-copy tuples
             bufs = [rng.standard_normal(length).astype(np.float32) for _ in range(n)]
             outs = ray.get([p.allreduce.remote(b, f"x{length}") for p, b in zip(peers, bufs, strict=True)],
                            timeout=120)

@@ -10,6 +10,8 @@ from nbclient import NotebookClient
 
 from testbed.sweep import main
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "analysis.ipynb"
 

@@ -8,20 +8,18 @@ from testbed.ps.server import ShardActor
 from testbed.ps.ssp import ssp_staleness_bound
 from tests.ray.helpers import make_config, run_strategy
 
-pytestmark = pytest.mark.usefixtures("ray_cluster")
-
 SLOW = "fixed:worker=0,delay=60ms"
 
 
 @pytest.fixture(scope="module")
-def async_slow(ray_cluster):
+def async_slow():
     cfg = make_config(strategy="ps-async", workers=3, steps=40, straggler=SLOW,
                       **{"workload.lr": 0.05})
     return run_strategy(cfg)
 
 
 @pytest.fixture(scope="module")
-def ssp_slow(ray_cluster):
+def ssp_slow():
     cfg = make_config(strategy="ps-async", workers=3, steps=40, straggler=SLOW,
                       **{"workload.lr": 0.05, "ps.staleness_bound": 2})
     return run_strategy(cfg)
@@ -29,7 +27,7 @@ def ssp_slow(ray_cluster):
 
 def test_async_staleness_nonnegative_and_slow_worker_is_stalest(async_slow):
     steps = async_slow["steps"]
-    applied = steps[steps["version_applied"] >= 0]
+    applied = steps[steps["version_applied"].notna()]
     assert (applied["staleness"] >= 0).all()
     assert (applied["staleness"] == applied["version_applied"] - applied["version_read"]).all()
     by_worker = applied.groupby("worker")["staleness"].mean()
@@ -51,7 +49,7 @@ def test_async_fast_workers_keep_going(async_slow):
 
 def test_ssp_bound_holds_and_fast_workers_wait(ssp_slow, async_slow):
     steps = ssp_slow["steps"]
-    applied = steps[steps["version_applied"] >= 0]
+    applied = steps[steps["version_applied"].notna()]
     assert applied["staleness"].max() <= ssp_staleness_bound(3, 2)
     # iteration gap: nobody runs more than s+1 iterations ahead of the slowest
     for _, row in steps.iterrows():
@@ -69,13 +67,13 @@ def test_backup_worker_drops_exactly_one_gradient_per_version():
     upd = out["updates"]
     assert (upd["contributors"] == 3).all() and (upd["dropped"] == 1).all()
     steps = out["steps"]
-    late = steps[(steps["worker"] == 3) & (steps["version_applied"] < 0)]
+    late = steps[(steps["worker"] == 3) & steps["version_applied"].isna()]
     assert len(late) >= 1
-    applied = steps[steps["version_applied"] >= 0]
+    applied = steps[steps["version_applied"].notna()]
     assert applied.groupby("version_applied").size().eq(3).all()
 
 
-def test_retried_push_is_not_applied_twice(ray_cluster):
+def test_retried_push_is_not_applied_twice():
     cfg = make_config(strategy="ps-async", workers=1)
     shard = ray.remote(ShardActor).options(num_cpus=0.1, max_concurrency=4).remote(
         np.zeros(4, np.float32), cfg.network, 0, 1.0, lr=1.0, sync=False, workers=1)

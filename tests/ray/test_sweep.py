@@ -13,6 +13,8 @@ import pytest
 
 from testbed.sweep import load_table, main
 
+pytestmark = pytest.mark.slow
+
 SPEC = """
 # tiny smoke grid
 name = "tiny"
@@ -119,7 +121,7 @@ def test_update_baseline_measures_afresh_and_refuses_failed_runs(tmp_path, capsy
                     .replace('["mapreduce", "ring"]', '["mapreduce"]')
                     .replace("[1, 2]", "[1]") + '"cluster.timeout_s" = [60, 0.001]\n')
     sweep_dir = tmp_path / "broken"
-    points, _ = expand(load_spec(spec), registry.families(), str(sweep_dir / "runs"))
+    points, _ = expand(load_spec(spec), registry.SPECS, str(sweep_dir / "runs"))
     old = sweep_dir / "runs" / f"{points[0].point_id}-0"  # as if completed by an earlier sweep
     old.mkdir(parents=True)
     (old / "summary.json").write_text("{}")
@@ -141,13 +143,15 @@ def test_update_baseline_measures_afresh_and_refuses_failed_runs(tmp_path, capsy
     ("workers = []", "grid.workers"),
     ('"ps.shard" = [2]', "grid.ps.shard"),
 ])
-def test_bad_spec_is_one_line_and_exit_2(tmp_path, capsys, grid, needle):
-    import ray
+def test_bad_spec_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, grid, needle):
+    from testbed.runtime import cluster
 
+    started = []
+    monkeypatch.setattr(cluster, "start_ray", lambda *a, **k: started.append(a))
     spec = tmp_path / "bad.toml"
     spec.write_text(SPEC.split("[grid]")[0] + f"[grid]\n{grid}\n")
     assert main([str(spec), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("testbed.sweep: error:") and "\n" not in err and needle in err
     assert not (tmp_path / "bad").exists()
-    assert not ray.is_initialized()
+    assert started == []  # the spec was refused before any Ray was asked for

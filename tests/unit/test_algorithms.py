@@ -16,17 +16,16 @@ from testbed.allreduce.algorithms import (
     simulate,
 )
 from testbed.allreduce.ring import bytes_sent_per_rank
+from testbed.allreduce.spec import allreduce_comm_s
 from testbed.analysis.costmodel import (
-    allreduce_comm_s,
     halving_doubling_folded_comm_s,
     hierarchical_comm_s,
-    predict,
     ring_comm_s,
     tree_comm_s,
 )
 from testbed.config import ConfigError, RunConfig, validate, with_overrides
 from testbed.emulation.network import LinkSpec, Nic
-from tests.unit.families import FAMILIES
+from testbed.registry import SPECS
 
 K, A, B = 100e6, 1e-3, 1e9
 
@@ -192,29 +191,33 @@ def test_cost_model_literals():
     assert tree_comm_s(1, K, A, B) == hierarchical_comm_s(1, K, A, B) == 0.0
 
 
+def _ring_prediction(buckets=1, **changes):
+    cfg = _cfg(workers=8, **changes)
+    return SPECS["ring"].predict(cfg, {"grad_bytes_logical": K, "buckets": buckets, "node_size": 4},
+                                 A, B)
+
+
 def test_predict_ring_by_algorithm_buckets_and_compression():
-    args = {"workers": 8, "grad_bytes": K, "latency": A, "bandwidth": B}
     for alg in ALGORITHMS:
-        out = predict("ring", algorithm=alg, node_size=4, **args)
-        assert out["predicted_comm_s"] == pytest.approx(allreduce_comm_s(alg, 8, K, A, B, node_size=4))
-        assert "K" in out["formula"]
-    five = predict("ring", algorithm="tree", buckets=5, **args)
-    assert five["predicted_comm_s"] == pytest.approx(6 * (5 * A + K / B)) and "b*a" in five["formula"]
-    half = predict("ring", algorithm="halving-doubling", compression="fp16", **args)
-    assert half["predicted_comm_s"] == pytest.approx(halving_doubling_folded_comm_s(8, K / 2, A, B))
-    topk = predict("ring", compression="topk:0.01", **args)
-    assert topk["predicted_comm_s"] == pytest.approx(7 * (A + 2 * 0.01 * K / B))
-    with pytest.raises(ValueError, match="top-k"):
-        predict("ring", algorithm="tree", compression="topk:0.01", **args)
+        extra = {"ring.node_size": 4} if alg == "hierarchical" else {}
+        out = _ring_prediction(**{"ring.algorithm": alg}, **extra)
+        assert out.comm_s == pytest.approx(allreduce_comm_s(alg, 8, K, A, B, node_size=4))
+        assert "K" in out.formula
+    five = _ring_prediction(buckets=5, **{"ring.algorithm": "tree"})
+    assert five.comm_s == pytest.approx(6 * (5 * A + K / B)) and "b*a" in five.formula
+    half = _ring_prediction(**{"ring.algorithm": "halving-doubling", "compression": "fp16"})
+    assert half.comm_s == pytest.approx(halving_doubling_folded_comm_s(8, K / 2, A, B))
+    topk = _ring_prediction(compression="topk:0.01")
+    assert topk.comm_s == pytest.approx(7 * (A + 2 * 0.01 * K / B))
     with pytest.raises(ValueError, match="unknown"):
-        predict("ring", algorithm="butterfly", **args)
+        allreduce_comm_s("butterfly", 8, K, A, B)
 
 
 # ---------------------------------------------------------------- flags
 
 
 def _cfg(**changes):
-    return validate(with_overrides(RunConfig(), **changes), FAMILIES)
+    return validate(with_overrides(RunConfig(), **changes), SPECS)
 
 
 def test_algorithm_flags_validate():
@@ -226,7 +229,7 @@ def test_algorithm_flags_validate():
 @pytest.mark.parametrize(("changes", "needle"), [
     ({"ring.algorithm": "butterfly"}, "--algorithm 'butterfly': choose one of ring, halving-doubling"),
     ({"strategy": "mapreduce", "ring.algorithm": "tree"}, "--algorithm 'tree': applies to --strategy ring only"),
-    ({"strategy": "allreduce-torch", "ring.algorithm": "tree"}, "picks its own algorithm"),
+    ({"strategy": "allreduce-torch", "ring.algorithm": "tree"}, "--algorithm 'tree': applies to --strategy ring only"),
     ({"ring.node_size": 4}, "--node-size 4: groups workers into nodes for --algorithm hierarchical"),
     ({"ring.algorithm": "hierarchical", "ring.node_size": 0}, "--node-size 0: use an integer"),
     ({"strategy": "ps-sync", "ring.node_size": 2}, "--node-size 2"),
@@ -238,7 +241,7 @@ def test_algorithm_flags_rejected_with_one_line(changes, needle):
 
 
 def test_cli_parses_algorithm_flags():
-    from testbed.run import parse_config
+    from testbed.config import parse_config
 
-    cfg = parse_config(["--algorithm", "hierarchical", "--node-size", "4", "--workers", "8"], FAMILIES)
+    cfg = parse_config(["--algorithm", "hierarchical", "--node-size", "4", "--workers", "8"], SPECS)
     assert (cfg.ring.algorithm, cfg.ring.node_size, cfg.workers) == ("hierarchical", 4, 8)

@@ -12,7 +12,7 @@ from testbed.compression import (
     unpack_sparse,
 )
 from testbed.config import ConfigError, RunConfig, validate, with_overrides
-from tests.unit.families import FAMILIES
+from testbed.registry import SPECS
 
 
 def _grad(n, seed=0):
@@ -114,13 +114,13 @@ def test_pack_round_trip_and_size_check():
 
 
 def _cfg(**changes):
-    return validate(with_overrides(RunConfig(), **changes), FAMILIES)
+    return validate(with_overrides(RunConfig(), **changes), SPECS)
 
 
 def test_compression_flag_validates():
-    assert _cfg(compression="fp16").compression == "fp16"
-    assert _cfg(compression="topk:0.01").compression == "topk:0.01"
-    assert _cfg(strategy="gossip", compression="fp16").compression == "fp16"
+    assert str(_cfg(compression="fp16").compression) == "fp16"
+    assert _cfg(compression="topk:0.01").compression == CompressionSpec("topk", 0.01)
+    assert str(_cfg(strategy="gossip", compression="fp16").compression) == "fp16"
     assert _cfg(compression="fp16", **{"ring.algorithm": "tree"}).ring.algorithm == "tree"
 
 
@@ -137,6 +137,6 @@ def test_compression_flag_rejected_with_one_line(changes, needle):
 
 
 def test_cli_parses_compression():
-    from testbed.run import parse_config
+    from testbed.config import parse_config
 
-    assert parse_config(["--compression", "topk:0.01"], FAMILIES).compression == "topk:0.01"
+    assert str(parse_config(["--compression", "topk:0.01"], SPECS).compression) == "topk:0.01"

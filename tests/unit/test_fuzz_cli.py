@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from testbed.config import ConfigError
+from testbed.registry import SPECS
 from testbed.run import parse_config
-from tests.unit.families import FAMILIES
 
 FLAGS = ["--strategy", "--workers", "--steps", "--workload", "--batch-size", "--lr", "--seed",
          "--device", "--grad-mb", "--compute-ms", "--payload", "--placement", "--timeout", "--out",
@@ -35,7 +35,7 @@ ARGV = st.lists(st.tuples(st.sampled_from(FLAGS), VALUES), max_size=6).map(
 @given(ARGV)
 def test_every_argv_parses_or_fails_with_one_line(argv):
     try:
-        cfg = parse_config(argv, FAMILIES)
+        cfg = parse_config(argv, SPECS)
     except ConfigError as exc:
         msg = str(exc)
         assert msg and "\n" not in msg and "Traceback" not in msg
@@ -48,6 +48,6 @@ def test_every_argv_parses_or_fails_with_one_line(argv):
 @given(st.lists(st.text(max_size=20), max_size=6))
 def test_arbitrary_tokens_never_crash(argv):
     try:
-        parse_config(argv, FAMILIES)
+        parse_config(argv, SPECS)
     except ConfigError as exc:
         assert "\n" not in str(exc)

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from testbed.config import ConfigError
+from testbed.registry import SPECS
 from testbed.sweepspec import expand, load_spec
-from tests.unit.families import FAMILIES
 
 KEYS = st.sampled_from(["strategy", "workers", "steps", "seed", "workload", "straggler", "repeats",
                         "workload.grad_mb", "ps.shards", "network.bandwidth", "ring.overlap",
@@ -41,7 +41,7 @@ def test_spec_expands_or_fails_with_one_line(spec):
         path = Path(tmp) / "fuzz.toml"
         path.write_text("\n".join(lines) + "\n")
         try:
-            expand(load_spec(path), FAMILIES, str(Path(tmp) / "runs"))
+            expand(load_spec(path), SPECS, str(Path(tmp) / "runs"))
         except ConfigError as exc:
             assert str(exc) and "\n" not in str(exc)
 

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from testbed.analysis.metrics import summarize
-from testbed.strategy import STEP_COLUMNS, UPDATE_COLUMNS
+from testbed.analysis.results import table_frame
+from testbed.records import STEP_COLUMNS, UPDATE_COLUMNS
 
 SUMMARY_NONE_KEYS = (
     "samples_per_s", "updates_per_s", "step_time_p50_s", "step_time_p95_s", "step_time_mean_s",
@@ -21,9 +22,11 @@ SUMMARY_NONE_KEYS = (
 
 def step(worker, iteration, *, t_start, version_read=None, version_applied=None, compute_s=0.2,
          comm_s=0.1, wait_s=0.0, bytes_sent=1000, bytes_recv=2000, samples=32, loss=1.0,
-         staleness=0, injected_delay_s=0.0):
+         staleness=0, injected_delay_s=0.0, applied=True):
     version_read = iteration if version_read is None else version_read
     version_applied = iteration + 1 if version_applied is None else version_applied
+    if not applied:  # a dropped gradient: null version and staleness, as the records have it
+        version_applied = staleness = None
     return dict(run_id="r", strategy="s", worker=worker, iteration=iteration,
                 version_read=version_read, version_applied=version_applied, t_start=t_start,
                 compute_s=compute_s, comm_s=comm_s, wait_s=wait_s, bytes_sent=bytes_sent,
@@ -37,8 +40,7 @@ def update(version, t_applied, *, contributors=2, dropped=0, loss=1.0):
 
 
 def frames(steps, updates):
-    return (pd.DataFrame(steps, columns=list(STEP_COLUMNS)),
-            pd.DataFrame(updates, columns=list(UPDATE_COLUMNS)))
+    return table_frame(steps, STEP_COLUMNS), table_frame(updates, UPDATE_COLUMNS)
 
 
 def sync_run():
@@ -82,7 +84,7 @@ def test_sync_summary_hand_computed():
 
 
 def async_run():
-    """2 workers, 4 applied gradients and 1 dropped one (version_applied -1).
+    """2 workers, 4 applied gradients and 1 dropped one (version_applied and staleness null).
 
     Applied staleness 0, 1, 3, 0; the dropped iteration carries 64 samples and 5000 bytes
     sent, which must not count as applied samples but do count as bytes sent.
@@ -91,8 +93,7 @@ def async_run():
         step(0, 0, t_start=10.0, version_read=0, version_applied=1, staleness=0, loss=4.0),
         step(1, 0, t_start=10.2, version_read=0, version_applied=2, staleness=1, loss=3.0),
         step(0, 1, t_start=10.5, version_read=1, version_applied=4, staleness=3, loss=2.0),
-        step(1, 1, t_start=10.6, version_read=4, version_applied=-1, staleness=0, samples=64,
-             bytes_sent=5000),
+        step(1, 1, t_start=10.6, version_read=4, applied=False, samples=64, bytes_sent=5000),
         step(0, 2, t_start=11.0, version_read=4, version_applied=4, staleness=0, loss=1.0),
     ]
     updates = [update(1, 10.5, contributors=1, loss=4.0),

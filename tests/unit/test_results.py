@@ -23,7 +23,7 @@ from testbed.analysis.results import (
     write_json,
 )
 from testbed.config import RunConfig, from_dict
-from testbed.strategy import Recorder, StepRecord, UpdateRecord
+from testbed.records import Recorder, StepRecord, UpdateRecord
 
 FAKE_PROVENANCE = {"git_commit": "0" * 40, "git_dirty": False, "python": "3"}
 

@@ -1,4 +1,5 @@
-"""Tests for testbed.emulation.stragglers: syntax, validation, determinism, and the delay values."""
+"""--straggler: the grammar (testbed.config.stragglers), determinism and the delays drawn
+(testbed.emulation.stragglers), and the stretch of a slow worker's compute."""
 
 import itertools
 import random
@@ -6,16 +7,16 @@ import random
 import numpy as np
 import pytest
 
-from testbed.emulation.stragglers import (
+from testbed.config.stragglers import (
     FixedDelay,
     RandomDelay,
     Slowdown,
     SporadicDelay,
-    StragglerModel,
     format_stragglers,
     parse_stragglers,
     validate_stragglers,
 )
+from testbed.emulation.stragglers import StragglerModel
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Sweep spec checks, grid expansion and point ids (no Ray: families are given literally)."""
+"""Sweep spec checks, grid expansion and point ids (no Ray: the registry of specs is pure)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import textwrap
 import pytest
 
 from testbed.config import ConfigError
+from testbed.registry import SPECS
 from testbed.sweepspec import applies, expand, flat_config, load_spec, spec_dict
-from tests.unit.families import FAMILIES
 
 BASE = """
 [base]
@@ -25,7 +25,7 @@ def spec(tmp_path, body: str, name: str = "t"):
 
 def points(tmp_path, body: str, out: str | None = None):
     s = load_spec(spec(tmp_path, body))
-    return expand(s, FAMILIES, out or str(tmp_path / "runs"))
+    return expand(s, SPECS, out or str(tmp_path / "runs"))
 
 
 @pytest.mark.parametrize(("body", "needle"), [
@@ -148,14 +148,15 @@ def test_ring_keys_do_not_split_other_strategies(tmp_path):
 
 
 def test_applies():
-    assert applies("ps.shards", "ps-async", "ps")
-    assert not applies("ps.shards", "ring", "allreduce")
-    assert applies("ps.staleness_bound", "ps-async", "ps")
-    assert not applies("ps.staleness_bound", "ps-sync", "ps")
-    assert applies("ps.backup_workers", "ps-sync", "ps")
-    assert not applies("ring.overlap", "mapreduce", "mapreduce")
-    assert applies("ring.overlap", "allreduce-torch", "allreduce")
-    assert applies("network.bandwidth", "mapreduce", "mapreduce")
+    assert applies("ps.shards", "ps-async", SPECS)
+    assert not applies("ps.shards", "ring", SPECS)
+    assert applies("ps.staleness_bound", "ps-async", SPECS)
+    assert not applies("ps.staleness_bound", "ps-sync", SPECS)
+    assert applies("ps.backup_workers", "ps-sync", SPECS)
+    assert not applies("ring.overlap", "mapreduce", SPECS)
+    assert applies("ring.overlap", "allreduce-torch", SPECS)
+    assert not applies("ring.transport", "allreduce-torch", SPECS)
+    assert applies("network.bandwidth", "mapreduce", SPECS)
 
 
 def test_flat_config_has_every_key(tmp_path):

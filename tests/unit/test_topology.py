@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from testbed.analysis.costmodel import gossip_async_comm_s, predict
+from testbed.analysis.costmodel import gossip_async_comm_s
 from testbed.config import ConfigError, GossipConfig, RunConfig, validate, with_overrides
 from testbed.emulation.network import LinkSpec, simulate
 from testbed.gossip.topology import (
@@ -18,7 +18,7 @@ from testbed.gossip.topology import (
     spectral_gap,
     torus_shape,
 )
-from tests.unit.families import FAMILIES
+from testbed.registry import SPECS
 
 K, A, B = 1e6, 1e-3, 1e9
 
@@ -99,29 +99,29 @@ def test_send_order_meets_the_cost_model_on_the_nic_emulator(topology, n):
     nbrs = neighbours(topology, n)
     messages = [(i, j, K, 0.0) for i in range(n) for j in nbrs[i]]
     last = max(simulate(messages, LinkSpec(bandwidth=B, latency=A)))
-    expected = predict("gossip", workers=n, grad_bytes=K, latency=A, bandwidth=B,
-                       degree=degree(topology, n))["predicted_comm_s"]
-    assert last == pytest.approx(expected)
+    assert last == pytest.approx(_predict(n, **{"gossip.topology": topology}))
+
+
+def _predict(n, **changes):
+    cfg = _cfg(strategy="gossip", workers=n, **changes)
+    return SPECS["gossip"].predict(cfg, {"grad_bytes_logical": K}, A, B).comm_s
 
 
 def test_gossip_predictions_async_and_fp16():
-    sync = predict("gossip", workers=8, grad_bytes=K, latency=A, bandwidth=B, degree=4)
-    assert sync["predicted_comm_s"] == pytest.approx(A + 4 * K / B)
-    half = predict("gossip", workers=8, grad_bytes=K, latency=A, bandwidth=B, degree=4, compression="fp16")
-    assert half["predicted_comm_s"] == pytest.approx(A + 2 * K / B)
-    asy = predict("gossip", workers=8, grad_bytes=K, latency=A, bandwidth=B, asynchronous=True)
-    assert asy["predicted_comm_s"] == pytest.approx(gossip_async_comm_s(K, A, B)) == pytest.approx(2 * (A + K / B))
-    assert predict("gossip", workers=1, grad_bytes=K, latency=A, bandwidth=B, asynchronous=True)[
-        "predicted_comm_s"] == 0.0
-    with pytest.raises(ValueError, match="topk"):
-        predict("gossip", workers=8, grad_bytes=K, latency=A, bandwidth=B, compression="topk:0.1")
+    assert degree("torus", 9) == 4
+    assert _predict(9, **{"gossip.topology": "torus"}) == pytest.approx(A + 4 * K / B)
+    half = _predict(9, **{"gossip.topology": "torus", "compression": "fp16"})
+    assert half == pytest.approx(A + 2 * K / B)
+    asy = _predict(8, **{"gossip.asynchronous": True})
+    assert asy == pytest.approx(gossip_async_comm_s(K, A, B)) == pytest.approx(2 * (A + K / B))
+    assert _predict(1, **{"gossip.asynchronous": True}) == 0.0
 
 
 # ---------------------------------------------------------------- flags
 
 
 def _cfg(**changes):
-    return validate(with_overrides(RunConfig(), **changes), FAMILIES)
+    return validate(with_overrides(RunConfig(), **changes), SPECS)
 
 
 def test_gossip_flags_validate():
@@ -131,8 +131,8 @@ def test_gossip_flags_validate():
 
 @pytest.mark.parametrize(("changes", "needle"), [
     ({"strategy": "gossip", "gossip.topology": "star"}, "--topology 'star': choose one of ring, torus"),
-    ({"strategy": "ring", "gossip.topology": "torus"}, "--topology 'torus': is a gossip flag"),
-    ({"strategy": "ps-sync", "gossip.asynchronous": True}, "--gossip-async True: is a gossip flag"),
+    ({"strategy": "ring", "gossip.topology": "torus"}, "--topology 'torus': applies to --strategy gossip only"),
+    ({"strategy": "ps-sync", "gossip.asynchronous": True}, "--gossip-async True: applies to --strategy gossip"),
     ({"strategy": "gossip", "ring.algorithm": "tree"}, "--algorithm 'tree': applies to --strategy ring"),
     ({"strategy": "gossip", "compression": "topk:0.1"}, "gossip averages parameters"),
 ])
@@ -143,8 +143,8 @@ def test_gossip_flags_rejected_with_one_line(changes, needle):
 
 
 def test_cli_parses_gossip_flags():
-    from testbed.run import parse_config
+    from testbed.config import parse_config
 
     cfg = parse_config(["--strategy", "gossip", "--workers", "8", "--topology", "exponential",
-                        "--gossip-async", "--compression", "fp16"], FAMILIES)
-    assert cfg.gossip == GossipConfig("exponential", True) and cfg.compression == "fp16"
+                        "--gossip-async", "--compression", "fp16"], SPECS)
+    assert cfg.gossip == GossipConfig("exponential", True) and str(cfg.compression) == "fp16"

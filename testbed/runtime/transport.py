@@ -1,4 +1,5 @@
-"""Transports that move buffer pieces between peer actors, and the wire format they carry.
+"""Transports that move buffer pieces between peer actors (the allreduce algorithms and gossip
+both use them), and the wire format they carry.
 
 Two calls serve every schedule:
 - `exchange(tag, send, recv_numel) -> received`: the ring's step -- send to the right
@@ -10,7 +11,7 @@ Two calls serve every schedule:
   `settle()` ends a step (object store: surface failures of the step's sends).
 
 object-store: the ring's `exchange` writes into a shared-memory channel to the right
-neighbour and reads the left one's (`channels.py`: no RPC per chunk on one node). Any-pair
+neighbour and reads the left one's (`testbed.allreduce.channels`: no RPC per chunk on one node). Any-pair
 sends are `peer.deliver.remote(key, chunk, departure)`, which puts the chunk in Ray's object store
 (small ones travel inline) and runs `deliver` on one of the receiver's spare actor threads,
 which files it in the receiver's `Mailbox` under `key`; the receiving thread takes it by key.
@@ -32,7 +33,6 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed.allreduce.ring import ring_neighbours
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.network import sleep_until
 from testbed.runtime.remote import RemoteTimeout
@@ -138,7 +138,7 @@ class TorchTransport:
     """Point-to-point torch.distributed; under emulation a departure stamp precedes each chunk."""
 
     def __init__(self, rank: int, n: int, device: str, endpoint: Endpoint, logical_factor: float) -> None:
-        self.left, self.right = ring_neighbours(rank, n)
+        self.left, self.right = (rank - 1) % n, (rank + 1) % n  # the ring's neighbours
         self.device, self.endpoint, self.factor = device, endpoint, logical_factor
         self.pending: list[tuple[Any, Any]] = []  # (request, tensor kept alive until it completes)
 

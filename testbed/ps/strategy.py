@@ -1,4 +1,4 @@
-"""The parameter-server driver loop shared by `ps-sync` and `ps-async`.
+"""The parameter-server driver loop of `ps-sync` and `ps-async` (spec.py says what each is).
 
 The driver keeps at most one iteration in flight per worker and never touches parameters or
 gradients: it decides *when* a worker may start its next iteration.
@@ -9,7 +9,7 @@ gradients: it decides *when* a worker may start its next iteration.
   worker has finished iteration c-s-1 (`ssp_may_start`); the time held back is recorded as wait.
 
 Parameters are split across S shards balanced by bytes (a tensor may be split): shard s owns the
-flat range chunk_bounds(numel, S)[s]. Records of shard 0 stand for the model update sequence
+flat range shard_bounds(numel, S)[s]. Records of shard 0 stand for the model update sequence
 (all shards see the same pushes); staleness is the largest over a worker's shards.
 """
 
@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import ray
 
-from testbed.allreduce.ring import chunk_bounds
-from testbed.emulation.faults import NonFiniteGradient, RestartsExhausted, ServerLost
+from testbed.emulation.faults import NonFiniteGradient, ServerLost
 from testbed.ps.schedule import Schedule
-from testbed.ps.server import ShardActor
+from testbed.ps.server import ShardActor, shard_bounds
 from testbed.ps.worker import PSWorker
+from testbed.records import Recorder, UpdateRecord
 from testbed.runtime import remote
-from testbed.strategy import Recorder, StepRecord, Strategy, UpdateRecord
+from testbed.strategy import Strategy
 from testbed.workloads.base import unflatten
 
 RemotePSWorker = ray.remote(PSWorker)
@@ -36,9 +36,6 @@ RemoteShard = ray.remote(ShardActor)
 
 
 class ParameterServer(Strategy):
-    family = "ps"
-    sync: ClassVar[bool] = True
-
     def setup(self) -> None:
         cfg, t = self.config, self.config.cluster.timeout_s
         n, s = cfg.workers, cfg.ps.shards
@@ -49,7 +46,8 @@ class ParameterServer(Strategy):
         self.layout = remote.get(self.workers[0].layout.remote(), t, "layout")
         self.grad_bytes = remote.get(self.workers[0].logical_bytes.remote(), t, "sizes")
         factor = self.grad_bytes / (params.size * 4)
-        self.bounds = chunk_bounds(params.size, s)
+        self.sync = self.spec.sync
+        self.bounds = shard_bounds(params.size, s)
         ckpt = str(Path(self.workdir) / "checkpoints") if self.workdir else None
         if ckpt and cfg.faults.checkpoint_every:
             Path(ckpt).mkdir(parents=True, exist_ok=True)
@@ -57,10 +55,10 @@ class ParameterServer(Strategy):
             RemoteShard.options(max_concurrency=2 * n + 4, max_restarts=cfg.faults.max_restarts,
                                 max_task_retries=0, **self.cluster.options(i, server=True)).remote(
                 params[lo:hi], cfg.network, i, factor, checkpoint_dir=ckpt,
-                checkpoint_every=cfg.faults.checkpoint_every, fail=cfg.faults.fail,
+                checkpoint_every=cfg.faults.checkpoint_every, faults=cfg.faults.fail.items,
                 compression=cfg.compression, lr=cfg.workload.lr,
                 sync=self.sync, workers=n, backup=cfg.ps.backup_workers, max_updates=cfg.steps,
-                skip_nan=cfg.faults.on_nan == "skip")
+                on_nan=cfg.faults.on_nan)
             for i, (lo, hi) in enumerate(self.bounds)
         ]
         self.shard_live = remote.Liveness(self.shards, t, "PS shard")
@@ -104,8 +102,7 @@ class ParameterServer(Strategy):
                 continue  # begun before a rollback: void, the worker starts again
             held = self.sched.finished(w, info["versions"][0])
             self._record(recorder, w, self.sched.next_iter[w] - 1, info, held)
-        recorder.events_from([e for h in self.workers
-                              for e in remote.get(h.drain_events.remote(), cfg.cluster.timeout_s, "events")])
+        recorder.events_from(remote.drain_events([*self.workers, *self.shards], cfg.cluster.timeout_s))
 
     def _fail_or_recover(self, recorder: Recorder, exc: BaseException, w: int, t_submit: float) -> None:
         """Recover from deaths and hangs (of a worker, or of a shard it was talking to); any
@@ -115,8 +112,8 @@ class ParameterServer(Strategy):
             self._revive_worker(w, t_submit, type(exc).__name__)  # lost from the failed call on
             self._fill_updates(recorder)
             return
-        cause = getattr(exc, "cause", None) or exc
-        if isinstance(cause, FloatingPointError):
+        cause = remote.root_cause(exc)
+        if isinstance(cause, NonFiniteGradient):
             raise NonFiniteGradient(str(cause).splitlines()[0]) from None
         if not isinstance(cause, (*remote.ACTOR_ERRORS, ray.exceptions.GetTimeoutError, TimeoutError)):
             raise exc
@@ -135,7 +132,7 @@ class ParameterServer(Strategy):
     def _revive_worker(self, r: int, t0: float, cause: str) -> None:
         """Wait for worker r's restart in the main loop, so that the others go on meanwhile."""
         if r not in self.reviving.values():
-            self.reviving[self.workers[r].ping.remote()] = r
+            self.reviving[self.worker_live.ping(r)] = r
             self.revive_info[r] = (t0, cause)
 
     def _fill_updates(self, recorder: Recorder) -> None:
@@ -149,15 +146,9 @@ class ParameterServer(Strategy):
         """A restarted worker answered: re-wire it to the shards; it is idle again."""
         r = self.reviving.pop(ref)
         t = self.config.cluster.timeout_s
-        try:
-            pid = ray.get(ref, timeout=t)
-        except ray.exceptions.ActorDiedError:
-            raise RestartsExhausted(f"worker {r} died and has no restarts left (--max-restarts); "
-                                    "the run stops") from None
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            self.reviving[self.workers[r].ping.remote()] = r  # still restarting
+        if not self.worker_live.answered(r, ref, timeout=t):
+            self.reviving[self.worker_live.ping(r)] = r  # still restarting
             return
-        self.worker_live.alive(r, pid)
         remote.get(self.workers[r].connect.remote(self.shards, self.bounds), t, "PS re-wiring")
         t0, cause = self.revive_info.pop(r)
         recorder.fault("worker-restart", f"worker{r}", self.sched.next_iter[r], t0, time.time(), cause=cause)
@@ -189,15 +180,14 @@ class ParameterServer(Strategy):
         applied = all(a["status"] == "applied" for a in acks)
         if any(a["status"] == "nan" for a in acks):
             recorder.fault("nan-skipped", f"worker{w}", iteration, info["t_end"], info["t_end"])
-        staleness = max(a["staleness"] for a in acks) if applied else -1
-        recorder.step(StepRecord(
-            run_id=self.run_id, strategy=self.name, worker=w, iteration=iteration,
-            version_read=info["versions"][0],
-            version_applied=acks[0]["version_applied"] if applied else -1,
-            t_start=info["t_start"], compute_s=info["compute_s"], comm_s=info["comm_s"],
-            wait_s=info["server_wait_s"] + held, bytes_sent=info["bytes_sent"],
-            bytes_recv=info["bytes_recv"], samples=info["samples"], loss=info["loss"],
-            staleness=staleness, injected_delay_s=info["injected_delay_s"]))
+        for a in acks:  # the shards' own spans travel with their acks
+            recorder.events_from(a.pop("events", ()))
+        # staleness is the largest over the worker's shards: version_applied - version_read
+        read = info["versions"][0]
+        stalest = max(a["staleness"] for a in acks) if applied else None
+        self.record(recorder, w, iteration, info, version_read=read,
+                    version_applied=None if stalest is None else read + stalest,
+                    wait_s=info["server_wait_s"] + held)
         update = acks[0].get("update")
         if update is None:
             return 0
@@ -220,6 +210,7 @@ class ParameterServer(Strategy):
             "server_busy_frac": [s["busy_s"] / wall for s in stats],
             "server_ingress_bytes_per_step": [s["bytes_in"] / steps for s in stats],
             "server_egress_bytes_per_step": [s["bytes_out"] / steps for s in stats],
+            "endpoint_late_s": sum(s["late_s"] for s in stats),
         }
 
     def parameters(self) -> dict[str, np.ndarray]:

@@ -8,8 +8,8 @@ from ray.exceptions import RayChannelTimeoutError
 
 from testbed.allreduce import channels
 from testbed.allreduce.channels import SMALL_BYTES, decode, encode, poll, take
-from testbed.allreduce.transport import StepAborted
 from testbed.runtime.remote import RemoteTimeout
+from testbed.runtime.transport import StepAborted
 
 
 class _Flaky:

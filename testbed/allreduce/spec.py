@@ -1,0 +1,113 @@
+"""What is true of `ring` (our peer-to-peer allreduce) and `allreduce-torch` (the library's).
+
+Both keep a full replica per worker and sum gradient buckets across workers every step; `ring`
+moves the pieces itself by `--algorithm` (ring, halving-doubling, tree, hierarchical; schedules
+in `algorithms.py`, costs in `testbed.analysis.costmodel`) over `--transport`, and may compress
+them; `allreduce-torch` hands each bucket to torch.distributed.all_reduce. Pure: no Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from testbed.allreduce.algorithms import ALGORITHMS
+from testbed.analysis import costmodel
+from testbed.config import RunConfig, fail
+from testbed.strategy import NotModelled, Prediction, StrategySpec
+
+TRANSPORTS = ("object-store", "torch")
+RING_KEYS = frozenset({"ring.bucket_mb", "ring.overlap", "ring.transport", "ring.algorithm",
+                       "ring.node_size", "compression"})
+
+FORMULAS = {
+    "ring": "2*(N-1)*(a + K/(N*B))",
+    "halving-doubling": "2*log2(p)*a + 2*(p-1)/p*K/B [+ 2*(a + K/B) if N > p = 2^floor(log2 N)]",
+    "tree": "2*ceil(log2(N))*(a + K/B)",
+    "hierarchical": "2*ceil(log2(g))*(a + K/B) + 2*(M-1)*(a + K/(M*B))",
+}
+
+SUMMARY_KEYS = {
+    "grad_bytes_logical": "bytes: the logical gradient K",
+    "buckets": "count: gradient buckets (tensor fusion, --bucket-mb)",
+    "bucket_allreduce_s": "s: mean allreduce time per bucket, in bucket order",
+    "allreduce_s_p50": "s: median over steps of the summed bucket allreduce times",
+    "overlap_saved_s": "s: mean per worker step of (summed bucket allreduce time - comm time after "
+                       "backward); positive when overlap hid communication under backward",
+    "algbw_Bps": "bytes/s: K / allreduce_s_p50",
+    "busbw_Bps": "bytes/s: algbw * 2(N-1)/N (nccl-tests' bus bandwidth)",
+    "transport": "how pieces moved: object-store, torch, or torch.distributed.all_reduce",
+    "algorithm": "--algorithm, or 'library' for allreduce-torch",
+    "nodes": "count: node groups (Ray nodes, or --node-size groups)",
+    "node_size": "count: workers in the largest node group",
+}
+
+
+def allreduce_comm_s(algorithm: str, n: int, k: float, a: float, b: float, buckets: int = 1,
+                     node_size: int | None = None, nodes: int | None = None) -> float:
+    """The cost model of one allreduce by --algorithm."""
+    if algorithm == "ring":
+        return costmodel.ring_comm_s(n, k, a, b, buckets=buckets)
+    if algorithm == "halving-doubling":
+        return costmodel.halving_doubling_folded_comm_s(n, k, a, b, buckets=buckets)
+    if algorithm == "tree":
+        return costmodel.tree_comm_s(n, k, a, b, buckets=buckets)
+    if algorithm == "hierarchical":
+        return costmodel.hierarchical_comm_s(n, k, a, b, node_size, buckets=buckets, nodes=nodes)
+    raise ValueError(f"algorithm {algorithm!r}: unknown; use one of {', '.join(ALGORITHMS)}")
+
+
+class AllreduceSpec(StrategySpec):
+    family = "allreduce"
+    runner = "testbed.allreduce.strategy:RingAllreduce"
+    summary_keys = SUMMARY_KEYS
+
+    def __init__(self, *, library: bool) -> None:
+        self.library = library  # torch.distributed.all_reduce sums the buckets
+        self.name = "allreduce-torch" if library else "ring"
+        self.keys = frozenset({"ring.bucket_mb", "ring.overlap"}) if library else RING_KEYS
+        self.choices = {} if library else {"ring.transport": TRANSPORTS, "ring.algorithm": ALGORITHMS}
+
+    def validate(self, cfg: RunConfig) -> None:
+        if self.library:
+            if cfg.network.emulated:
+                fail("network.bandwidth", cfg.network.bandwidth, "the library allreduce moves bytes "
+                     "itself and cannot be emulated; drop --bandwidth or use --strategy ring")
+            return
+        r = cfg.ring
+        if r.node_size is not None and r.algorithm != "hierarchical":
+            fail("ring.node_size", r.node_size, "groups workers into nodes for --algorithm hierarchical; "
+                 f"add it or drop --node-size (got --algorithm {r.algorithm})")
+        if cfg.compression.kind == "topk" and r.algorithm != "ring":
+            fail("compression", cfg.compression, "top-k pieces are gathered around the ring; "
+                 f"use --algorithm ring (got {r.algorithm}) or fp16")
+
+    def predict(self, cfg: RunConfig, resolved: Mapping[str, Any], latency: float,
+                bandwidth: float) -> Prediction:
+        if self.library:
+            raise NotModelled("torch.distributed moves the bytes itself; its algorithm is the library's")
+        n, k, a, b = cfg.workers, resolved["grad_bytes_logical"], latency, bandwidth
+        buckets, spec = resolved.get("buckets", 1), cfg.compression
+        if spec.kind == "topk":
+            comm = costmodel.sparse_allgather_comm_s(n, spec.wire_bytes(k), a, b, buckets=buckets)
+            return Prediction(comm, f"(N-1)*({'b*' if buckets > 1 else ''}a + 2*F*K/B) "
+                                    f"(top-k, F={spec.fraction:g})")
+        alg = cfg.ring.algorithm
+        comm = allreduce_comm_s(alg, n, spec.wire_bytes(k), a, b, buckets=buckets,
+                                node_size=resolved.get("node_size"), nodes=resolved.get("nodes"))
+        formula = FORMULAS[alg]
+        if buckets > 1:  # every round's latency is paid once per bucket
+            formula = formula.replace("(a + ", "(b*a + ").replace("log2(p)*a", "log2(p)*b*a")
+        return Prediction(comm, formula + (" with K/2 (fp16)" if spec.kind == "fp16" else ""))
+
+    def bytes_per_worker(self, cfg: RunConfig, resolved: Mapping[str, Any]) -> float:
+        """Every algorithm moves 2(N-1)K in all, 2K(N-1)/N per worker on average; top-k sends
+        its 2FK-byte piece to the right neighbour N-1 times."""
+        n, k = cfg.workers, resolved["grad_bytes_logical"]
+        if cfg.compression.kind == "topk":
+            return (n - 1) * cfg.compression.wire_bytes(k)
+        return 2 * cfg.compression.wire_bytes(k) * (n - 1) / n
+
+
+RING = AllreduceSpec(library=False)
+TORCH_ALLREDUCE = AllreduceSpec(library=True)

@@ -1,0 +1,150 @@
+"""Every column and summary key a run writes, with its unit and meaning: the one source of the
+tables in results/README.md (`python -m testbed.docs` writes them there; a test checks that
+they are current and that every key a run produces is documented here or by its strategy's
+spec, `StrategySpec.summary_keys`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# column -> (unit, meaning)
+STEP_COLUMNS = {
+    "run_id": ("", "the run folder name"),
+    "strategy": ("", "strategy name"),
+    "worker": ("", "worker rank, 0..N-1"),
+    "iteration": ("", "this worker's iteration index, from 0"),
+    "version_read": ("", "version of the parameters the gradient was computed from"),
+    "version_applied": ("", "version the gradient was applied at; null if dropped, skipped or never applied"),
+    "t_start": ("s (epoch)", "when the iteration started"),
+    "compute_s": ("s", "forward + backward (or synthetic compute) time, injected delay excluded"),
+    "comm_s": ("s", "time moving parameters / gradients on the critical path (after backward, for "
+                    "overlapped allreduce)"),
+    "wait_s": ("s", "time blocked on others (barriers, the server, the driver's reduce, SSP)"),
+    "bytes_sent": ("bytes", "logical bytes this worker sent in the iteration"),
+    "bytes_recv": ("bytes", "logical bytes it received"),
+    "samples": ("samples", "training samples in the gradient"),
+    "loss": ("", "training loss on the worker's batch"),
+    "staleness": ("versions", "`version_applied - version_read`; 0 for synchronous strategies; null "
+                              "where the gradient was not applied (so a column mean is over applied ones)"),
+    "injected_delay_s": ("s", "straggler delay injected into this iteration (`--straggler`)"),
+    "late_s": ("s", "emulated network: how much later than their emulated delivery this worker's "
+                    "messages arrived (real cost the emulator could not hide); 0 otherwise"),
+}
+UPDATE_COLUMNS = {
+    "version": ("", "parameter version after the update (1 for the first)"),
+    "t_applied": ("s (epoch)", "when it was applied"),
+    "contributors": ("gradients", "gradients averaged into it"),
+    "dropped": ("gradients", "gradients left out of it (late backup workers, non-finite ones)"),
+    "loss": ("", "mean training loss of the contributing gradients (gossip: of the average model)"),
+}
+EVENT_COLUMNS = {
+    "actor": ("", "`worker<r>`, `ps<s>`, `driver` or `ring`"),
+    "phase": ("", "`compute`, `send`, `recv`, `reduce`, `apply`, `wait` or `fault`"),
+    "t0": ("s (epoch)", "start of the span"),
+    "t1": ("s (epoch)", "end of the span"),
+}
+
+# summary.json keys of every run -> (unit, meaning)
+SUMMARY = {
+    "schema_version": ("", "format version of the run folder"),
+    "run_id": ("", "the run folder name"),
+    "status": ("", "`completed`, `interrupted` (Ctrl-C / SIGTERM) or `failed`"),
+    "strategy": ("", "strategy name"),
+    "workers": ("", "N"),
+    "workload": ("", "workload name"),
+    "steps": ("updates", "model updates actually applied"),
+    "worker_iterations": ("", "rows of steps.parquet"),
+    "elapsed_s": ("s", "whole run, including Ray and actor start-up and teardown"),
+    "startup_s": ("s", "from the start of the run to the first worker iteration"),
+    "train_wall_s": ("s", "first worker iteration's start to the last model update"),
+    "samples_per_s": ("samples/s", "samples of applied gradients / `train_wall_s` (compare strategies with this)"),
+    "updates_per_s": ("updates/s", "model updates / `train_wall_s`"),
+    "step_time_mean_s": ("s", "mean interval between consecutive model updates (the first from the first start)"),
+    "step_time_p50_s": ("s", "median of those intervals"),
+    "step_time_p95_s": ("s", "95th percentile of those intervals"),
+    "compute_frac": ("fraction", "share of summed worker time in compute, injected delay included"),
+    "comm_frac": ("fraction", "share of summed worker time in communication"),
+    "wait_frac": ("fraction", "share of summed worker time waiting; the three add up to 1"),
+    "injected_delay_frac": ("fraction", "share of summed worker time that was injected straggler delay"),
+    "bytes_sent_per_worker_per_step": ("bytes", "mean logical bytes a worker sent per iteration"),
+    "bytes_recv_per_worker_per_step": ("bytes", "mean logical bytes a worker received per iteration"),
+    "loss_first": ("", "loss of the first model update"),
+    "loss_last": ("", "loss of the last model update"),
+    "staleness_mean": ("versions", "mean staleness over applied gradients"),
+    "staleness_p95": ("versions", "95th percentile of the same"),
+    "staleness_max": ("versions", "largest staleness of an applied gradient"),
+    "dropped_gradients": ("gradients", "sum of `dropped` over updates"),
+    "updates_per_worker": ("", "`{rank: gradients of this worker that were applied}`"),
+    "straggler_attribution": ("s", "`{rank: {ready_lag_s, wait_s}}`: how late the worker's gradient was "
+                                   "ready at each sync point (vs the earliest), and how long it waited there"),
+    "comm_s_per_step": ("s", "synchronous strategies: median step interval minus the median slowest "
+                             "compute (+ injected delay) per step, not clamped; asynchronous: mean `comm_s`"),
+    "predicted_bytes_sent_per_worker_per_step": ("bytes", "the cost model's bytes a worker sends per "
+                                                          "iteration, beside the measured mean"),
+    "predicted_comm_s": ("s", "emulated network: the alpha-beta model's communication per update"),
+    "predicted_comm_s_no_overlap": ("s", "emulated network: the model's no-overlap upper bound"),
+    "predicted_compute_s": ("s", "emulated network: the compute the step prediction adds"),
+    "predicted_compute_source": ("", "where that compute comes from: `--compute-ms` (synthetic) or "
+                                     "`measured` (a real model's median slowest compute)"),
+    "predicted_step_s": ("s", "emulated network: `predicted_compute_s + predicted_comm_s`"),
+    "formula": ("", "emulated network: the cost-model formula used"),
+    "prediction_missing": ("", "why a prediction is absent (a real network, a library collective, ...)"),
+    "endpoint_late_s": ("s", "emulated network: the same lateness at the servers or the driver, summed"),
+    "emulation_late_s_per_update": ("s", "emulated network: all endpoints' lateness per model update "
+                                         "(an upper bound on the real cost added to a step)"),
+    "emulation_leak_frac": ("fraction", "emulated network: `emulation_late_s_per_update / "
+                                        "predicted_comm_s`, the share of the predicted communication that "
+                                        "real per-message cost leaked into; near 0 means the emulator hid it"),
+    "faults": ("", "list of faults and recoveries: `kind` (worker-restart, server-restart, nan-skipped), "
+                   "`actor`, `iteration`, `t0`, `time_lost_s`, and kind-specific detail"),
+    "rolled_back_updates": ("", "updates undone by a parameter-server rollback (kept aside, not in "
+                                "updates.parquet)"),
+}
+
+
+def table(rows: Mapping[str, tuple[str, str]], head: tuple[str, str, str] = ("key", "unit", "meaning")) -> str:
+    """A markdown table of {name: (unit, meaning)}."""
+    lines = [f"| {head[0]} | {head[1]} | {head[2]} |", "|---|---|---|"]
+    lines += [f"| `{name}` | {unit} | {meaning} |" for name, (unit, meaning) in rows.items()]
+    return "\n".join(lines)
+
+
+def strategy_table(specs: Mapping[str, Any]) -> str:
+    """The strategies' own summary keys, one row per key, naming the strategies that write it."""
+    rows: dict[str, tuple[str, list[str]]] = {}
+    for name, spec in specs.items():
+        for key, meaning in spec.summary_keys.items():
+            unit, _, text = meaning.partition(": ") if ": " in meaning else ("", "", meaning)
+            rows.setdefault(key, (f"{unit}|{text}", []))[1].append(name)
+    lines = ["| key | strategies | unit | meaning |", "|---|---|---|---|"]
+    for key, (text, names) in rows.items():
+        unit, meaning = text.split("|", 1)
+        lines.append(f"| `{key}` | {', '.join(names)} | {unit} | {meaning} |")
+    return "\n".join(lines)
+
+
+def sections(specs: Mapping[str, Any]) -> dict[str, str]:
+    """The generated parts of results/README.md, by marker name."""
+    return {"steps": table(STEP_COLUMNS, ("column", "unit", "meaning")),
+            "updates": table(UPDATE_COLUMNS, ("column", "unit", "meaning")),
+            "events": table(EVENT_COLUMNS, ("column", "unit", "meaning")),
+            "summary": table(SUMMARY),
+            "strategy-summary": strategy_table(specs)}
+
+
+def documented(specs: Mapping[str, Any]) -> set[str]:
+    """Every summary key some documentation explains."""
+    return set(SUMMARY) | {k for spec in specs.values() for k in spec.summary_keys}
+
+
+def fill(text: str, parts: Mapping[str, str]) -> str:
+    """Replace each `<!-- keys:NAME -->...<!-- /keys -->` block of TEXT with parts[NAME]."""
+    out, rest = [], text
+    while "<!-- keys:" in rest:
+        head, _, tail = rest.partition("<!-- keys:")
+        name, _, tail = tail.partition(" -->")
+        _, _, rest = tail.partition("<!-- /keys -->")
+        out += [head, f"<!-- keys:{name} -->\n", parts[name], "\n<!-- /keys -->"]
+    return "".join(out) + rest

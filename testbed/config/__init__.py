@@ -1,0 +1,47 @@
+"""What the user asked for: one validated configuration per run, and nothing else.
+
+    schema.py       RunConfig and its sections; each field's flag, help, check and parser
+    flags.py        the command line, generated from the fields
+    validate.py     every rule (generic ones, and what each strategy's spec declares)
+    checks.py       the field checks
+    stragglers.py faults.py compression.py
+                    the spec-string grammars (--straggler, --fail, --compression) and types
+
+The lowest layer: it imports no other testbed package but `units`, never Ray or torch. A
+`RunConfig` is saved as config.json beside every run's measurements.
+"""
+
+from testbed.config.compression import CompressionSpec
+from testbed.config.flags import build_parser, parse_config
+from testbed.config.schema import (
+    DEVICES,
+    MAX_WORKERS,
+    PLACEMENTS,
+    SECTIONS,
+    WORKLOADS,
+    ClusterConfig,
+    ConfigError,
+    FaultConfig,
+    Faults,
+    GossipConfig,
+    NetworkConfig,
+    Payload,
+    PSConfig,
+    RingConfig,
+    RunConfig,
+    Stragglers,
+    WorkloadConfig,
+    default_of,
+    flag_of,
+    from_dict,
+    get,
+    leaves,
+    with_overrides,
+)
+from testbed.config.validate import fail, validate
+
+__all__ = ["DEVICES", "MAX_WORKERS", "PLACEMENTS", "SECTIONS", "WORKLOADS", "ClusterConfig",
+           "CompressionSpec", "ConfigError", "FaultConfig", "Faults", "GossipConfig", "NetworkConfig", "PSConfig",
+           "Payload", "RingConfig", "RunConfig", "Stragglers", "WorkloadConfig", "build_parser",
+           "default_of", "fail", "flag_of", "from_dict", "get", "leaves", "parse_config", "validate",
+           "with_overrides"]

@@ -1,0 +1,379 @@
+"""The run configuration: frozen dataclasses whose fields carry everything said about them once.
+
+Each leaf field's metadata names its flag, its help text, its check and, for the spec strings
+(`--straggler`, `--fail`, `--compression`, `--payload`), how the text becomes a typed value and
+back. The defaults here are the only defaults: the command line (`flags.py`), sweeps
+(`testbed.sweepspec`) and `config.json` (`from_dict`) all build a `RunConfig` through these
+classes, and a spec string is parsed once, when the dataclass is built. A bad spec string
+raises `ConfigError`, whose text is the one line the user sees.
+
+Which fields apply to which strategy is not said here: each strategy says which keys it reads
+(`testbed.strategy.StrategySpec.keys`) and `validate.py` rejects the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
+from typing import Any
+
+from testbed import units
+from testbed.config.checks import choice, integer, real
+from testbed.config.compression import CompressionSpec, parse_compression, short
+from testbed.config.faults import Fault, format_faults, parse_faults
+from testbed.config.stragglers import StragglerSpec, format_stragglers, parse_stragglers
+
+MAX_WORKERS = 4096  # far past what one Ray cluster here can place; resources are checked later
+WORKLOADS = ("mlp", "logreg", "synthetic")
+DEVICES = ("auto", "cpu", "cuda")
+PLACEMENTS = ("pack", "spread")
+
+
+class ConfigError(ValueError):
+    """A user input is wrong; the message is one line naming the value and the fix."""
+
+    def __init__(self, message: str) -> None:
+        # user text can carry line breaks; the message stays one line whatever they typed
+        super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"))
+
+
+def opt(default: Any = MISSING, *, help: str, flag: str | None = None, check: Callable | None = None,
+        parse: Callable[[str], Any] | None = None, action: str | None = None,
+        factory: Callable[[], Any] | None = None, group: str | None = None,
+        metavar: str | None = None) -> Any:
+    """A config field: default, flag (default: --name-with-dashes), help, check, parser."""
+    meta = {"help": help, "flag": flag, "check": check, "parse": parse, "action": action,
+            "group": group, "metavar": metavar}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _parse_fields(obj: Any) -> None:
+    """Turn spec strings into their typed values, once, when the dataclass is built."""
+    for f in fields(obj):
+        parse = f.metadata.get("parse")
+        value = getattr(obj, f.name)
+        if parse is not None and isinstance(value, str):
+            try:
+                object.__setattr__(obj, f.name, parse(value))
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+
+
+# ---------------------------------------------------------------- typed spec strings
+
+
+@dataclass(frozen=True)
+class Payload:
+    """`--payload full|scaled:F`: physical arrays are F times the logical gradient."""
+
+    scale: float = 1.0
+
+    def __str__(self) -> str:
+        return "full" if self.scale == 1.0 else f"scaled:{short(self.scale)}"
+
+
+def parse_payload(text: str) -> Payload:
+    fix = "use 'full' or 'scaled:F' with 0 < F <= 1, e.g. scaled:0.01"
+    if text == "full":
+        return Payload()
+    kind, _, frac = text.partition(":")
+    try:
+        scale = float(frac)
+    except ValueError:
+        scale = float("nan")
+    if kind != "scaled" or not (0 < scale <= 1):
+        raise ValueError(f"--payload {text!r}: {fix}")
+    return Payload(scale)
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """Parsed `--straggler` items; `source` keeps the user's text for messages."""
+
+    items: tuple[StragglerSpec, ...] = ()
+    source: str = field(default="none", compare=False)
+
+    def __iter__(self) -> Iterator[StragglerSpec]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __str__(self) -> str:
+        return format_stragglers(self.items)
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Parsed `--fail` items; `source` keeps the user's text for messages."""
+
+    items: tuple[Fault, ...] = ()
+    source: str = field(default="none", compare=False)
+
+    def __iter__(self) -> Iterator[Fault]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __str__(self) -> str:
+        return format_faults(self.items)
+
+
+def _stragglers(text: str) -> Stragglers:
+    return Stragglers(parse_stragglers(text), text)
+
+
+def _faults(text: str) -> Faults:
+    return Faults(parse_faults(text), text)
+
+
+# ---------------------------------------------------------------- the configuration
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """workload"""
+
+    name: str = opt("mlp", flag="--workload", check=choice(WORKLOADS),
+                    help="mlp, logreg (torch, synthetic classification data) or synthetic (no model)")
+    batch_size: int = opt(32, check=integer(1, 1_000_000, "use a positive integer (per worker)"),
+                          help="samples per worker per iteration")
+    lr: float = opt(0.1, check=real(0, high=None, low_ok=False, fix="use a finite learning rate > 0, e.g. 0.1"),
+                    help="SGD learning rate")
+    grad_mb: float = opt(4.0, check=real(0, 65536, low_ok=False,
+                                         fix="use a size in MiB > 0 and at most 65536 (64 GiB), e.g. 4"),
+                         help="synthetic: logical gradient size (MiB)")
+    compute_ms: float = opt(10.0, check=real(0, None, fix="use milliseconds >= 0"),
+                            help="synthetic: compute time per iteration (ms)")
+    backward_frac: float = opt(2 / 3, check=real(0, 1, fix="use a fraction in [0, 1]"),
+                               help="synthetic: share of the compute time that is backward")
+    payload: Payload = opt(factory=Payload, parse=parse_payload, metavar="full|scaled:F",
+                           help="synthetic: physical arrays are F x the logical size")
+    samples: int = opt(8192, check=integer(1, 10**9, "use a positive number of samples"),
+                       help="torch workloads: size of the generated data set")
+    features: int = opt(32, check=integer(1, 10**6, "use a positive integer"),
+                        help="torch workloads: input features")
+    classes: int = opt(4, check=integer(2, 10**6, "use an integer >= 2"),
+                       help="torch workloads: classes")
+    hidden: int = opt(64, check=integer(1, 10**6, "use a positive integer"),
+                      help="mlp: hidden units")
+
+    def __post_init__(self) -> None:
+        _parse_fields(self)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """cluster (Ray, placement, resources)"""
+
+    address: str | None = opt(None, metavar="auto|HOST:PORT",
+                              help="Ray cluster to attach to (default: a private local Ray)")
+    placement: str = opt("pack", check=choice(PLACEMENTS), help="placement group: pack or spread")
+    device: str = opt("auto", check=choice(DEVICES), help="cpu, cuda or auto (cuda when the cluster has GPUs)")
+    cpus_per_worker: float | None = opt(None, check=real(0, None, low_ok=False, fix="use a CPU share > 0, e.g. 0.25"),
+                                        help="CPU share per worker actor (default: an even share, <= 1)")
+    timeout_s: float = opt(120.0, flag="--timeout", check=real(0, None, low_ok=False, fix="use seconds > 0, e.g. 120"),
+                           help="seconds any remote wait may take (a hang becomes an error or a restart)")
+
+
+@dataclass(frozen=True)
+class PSConfig:
+    """parameter server"""
+
+    shards: int = opt(1, flag="--ps-shards", check=integer(1, 1024, "use an integer number of server shards >= 1"),
+                      help="parameter-server shards, balanced by bytes")
+    staleness_bound: int | None = opt(None, check=integer(0, None, "use an integer >= 0 (0 = bulk synchronous)"),
+                                      help="stale-synchronous parallel: clock bound s (default: none)")
+    backup_workers: int = opt(0, check=integer(0, None, "use an integer >= 0"),
+                              help="apply after the first N-b gradients of a step, drop the rest")
+
+
+@dataclass(frozen=True)
+class RingConfig:
+    """allreduce"""
+
+    bucket_mb: float = opt(25.0, check=real(0, None, low_ok=False, fix="use a bucket size in MiB > 0, e.g. 25"),
+                           help="gradient bucket size (MiB)")
+    overlap: bool = opt(True, action="optional", help="allreduce buckets while backward runs")
+    transport: str = opt("object-store", help="object-store (Ray shared-memory channels) or torch (gloo/NCCL p2p)")
+    algorithm: str = opt("ring", help="how a bucket is summed")
+    node_size: int | None = opt(None, check=integer(1, MAX_WORKERS, "use an integer number of workers per node >= 1"),
+                                help="hierarchical: workers per emulated node (default: one node per Ray node)")
+
+
+@dataclass(frozen=True)
+class GossipConfig:
+    """decentralised (gossip)"""
+
+    topology: str = opt("ring", help="neighbour graph")
+    asynchronous: bool = opt(False, flag="--gossip-async", action="store_true",
+                             help="pairwise asynchronous averaging instead of rounds")
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """network emulation"""
+
+    bandwidth: str | None = opt(None, metavar="RATE", help="emulate a network: NIC bandwidth, e.g. 10Gbit "
+                                "(default: the real network)")
+    latency: str = opt("0us", metavar="TIME", help="emulated one-way latency, e.g. 50us")
+
+    @property
+    def emulated(self) -> bool:
+        return self.bandwidth is not None
+
+    @property
+    def bandwidth_Bps(self) -> float | None:
+        return None if self.bandwidth is None else units.parse_bandwidth(self.bandwidth, flag="--bandwidth")
+
+    @property
+    def latency_s(self) -> float:
+        return units.parse_duration(self.latency, flag="--latency")
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """stragglers and faults"""
+
+    fail: Faults = opt(factory=Faults, parse=_faults, metavar="SPEC",
+                       help="inject faults, e.g. worker=2,at=10 or nan:worker=1,at=3 (README)")
+    max_restarts: int = opt(3, check=integer(0, 1000, "use an integer in 0..1000"), help="restarts allowed per actor")
+    checkpoint_every: int = opt(0, check=integer(0, None, "use versions >= 0 (0 = no checkpoints)"),
+                                help="checkpoint PS shards every K versions (0: none)")
+    on_nan: str = opt("skip", check=choice(("skip", "stop")),
+                      help="a non-finite gradient: skip it (recorded) or stop the run")
+
+    def __post_init__(self) -> None:
+        _parse_fields(self)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    strategy: str = opt("ring", help="synchronisation strategy")
+    workers: int = opt(4, check=integer(1, MAX_WORKERS, f"use an integer in 1..{MAX_WORKERS}"),
+                       help="data-parallel workers (actors)")
+    steps: int = opt(100, check=integer(1, 10_000_000, "use a positive integer number of updates"),
+                     help="model updates to apply (sync: global steps; async: applied gradients)")
+    seed: int = opt(0, check=integer(0, 2**32 - 1, "use an integer in 0..2**32-1"),
+                    help="data order, initial parameters, straggler delays, synthetic gradients")
+    out: str = opt("results/runs", metavar="DIR", help="folder that receives the run folder")
+    quiet: bool = opt(False, action="store_true", help="print only the run folder path")
+    timeline: bool = opt(False, action="store_true", help="also write timeline.json (Chrome trace)")
+    compression: CompressionSpec = opt(factory=CompressionSpec, parse=parse_compression,
+                                       metavar="none|fp16|topk:F", help="gradient compression (bytes counted after it)")
+    straggler: Stragglers = opt(factory=Stragglers, parse=_stragglers, metavar="SPEC", group="faults",
+                                help="injected delays, e.g. fixed:worker=3,delay=200ms (README)")
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    ps: PSConfig = field(default_factory=PSConfig)
+    ring: RingConfig = field(default_factory=RingConfig)
+    gossip: GossipConfig = field(default_factory=GossipConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    faults: FaultConfig = field(default_factory=FaultConfig)
+
+    def __post_init__(self) -> None:
+        _parse_fields(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Nested plain data (typed spec values as their canonical text): config.json."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in SECTIONS:
+                out[f.name] = {s.name: _as_data(getattr(value, s.name)) for s in fields(value)}
+            else:
+                out[f.name] = _as_data(value)
+        return out
+
+    @property
+    def grad_bytes_logical(self) -> int | None:
+        """Logical gradient bytes of the synthetic workload (None for real models)."""
+        if self.workload.name != "synthetic":
+            return None
+        return int(self.workload.grad_mb * 2**20)
+
+
+# The sub-configurations: fields of RunConfig whose value is a section dataclass (not a spec string).
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(RunConfig)
+                             if f.default_factory is not MISSING and "parse" not in f.metadata}
+
+
+def _as_data(value: Any) -> Any:
+    if isinstance(value, (CompressionSpec, Payload, Stragglers, Faults)):
+        return str(value)
+    return value
+
+
+def leaves() -> list[tuple[str, Field]]:
+    """Every settable field as (dotted key, Field), in declaration order."""
+    out = []
+    for f in fields(RunConfig):
+        if f.name in SECTIONS:
+            out += [(f"{f.name}.{s.name}", s) for s in fields(SECTIONS[f.name])]
+        else:
+            out.append((f.name, f))
+    return out
+
+
+def flag_of(key: str) -> str:
+    """The command-line flag of a dotted key ('ps.shards' -> '--ps-shards')."""
+    f = dict(leaves())[key]
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def group_of(key: str) -> str:
+    f = dict(leaves())[key]
+    return f.metadata.get("group") or (key.split(".")[0] if "." in key else "run")
+
+
+def default_of(key: str) -> Any:
+    f = dict(leaves())[key]
+    return f.default_factory() if f.default is MISSING else f.default
+
+
+def get(cfg: RunConfig, key: str) -> Any:
+    head, _, tail = key.partition(".")
+    value = getattr(cfg, head)
+    return getattr(value, tail) if tail else value
+
+
+def shown(value: Any) -> Any:
+    """A value as the user wrote it, for messages (spec strings keep their source text)."""
+    source = getattr(value, "source", None)
+    if source is not None:
+        return source
+    return str(value) if isinstance(value, (CompressionSpec, Payload)) else value
+
+
+def from_dict(data: dict[str, Any]) -> RunConfig:
+    """Rebuild a RunConfig from `to_dict()` output (e.g. a saved config.json)."""
+    names = {f.name for f in fields(RunConfig)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            continue
+        kwargs[key] = SECTIONS[key](**value) if key in SECTIONS else value
+    return RunConfig(**kwargs)
+
+
+def with_overrides(cfg: RunConfig, **changes: Any) -> RunConfig:
+    """Return a copy with top-level fields or dotted sub-fields ("ps.shards") replaced."""
+    nested: dict[str, dict[str, Any]] = {}
+    flat: dict[str, Any] = {}
+    for key, value in changes.items():
+        head, dot, tail = key.partition(".")
+        if dot:
+            nested.setdefault(head, {})[tail] = value
+        else:
+            flat[key] = value
+    for head, sub in nested.items():
+        flat[head] = replace(getattr(cfg, head), **sub)
+    return replace(cfg, **flat)
+
+
+__all__ = ["ClusterConfig", "ConfigError", "FaultConfig", "Faults", "GossipConfig", "NetworkConfig",
+           "PSConfig", "Payload", "RingConfig", "RunConfig", "Stragglers", "WorkloadConfig",
+           "default_of", "flag_of", "from_dict", "get", "group_of", "leaves", "shown", "with_overrides"]

@@ -1,0 +1,114 @@
+"""Every rule a RunConfig must pass before Ray starts; a failure is one ConfigError line.
+
+Generic rules come from the fields themselves (their declared checks) and from what
+strategies say about themselves: `specs` maps each strategy name to its `StrategySpec`
+(`testbed.registry.SPECS`), which declares the keys it reads, the choices of its own keys, how
+many servers it places and any rule of its own. A strategy-specific key given to a strategy
+that does not read it is an error, not silently ignored. No strategy is named here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from testbed import units
+from testbed.config.faults import check_faults
+from testbed.config.schema import (
+    ConfigError,
+    RunConfig,
+    default_of,
+    flag_of,
+    get,
+    leaves,
+    shown,
+)
+
+
+def fail(key_or_flag: str, value: Any, fix: str) -> None:
+    """Raise the one-line error: the flag, the value as the user wrote it, the fix."""
+    flag = key_or_flag if key_or_flag.startswith("--") else flag_of(key_or_flag)
+    raise ConfigError(f"{flag} {shown(value)!r}: {fix}")
+
+
+def owners(specs: Mapping[str, Any], key: str) -> list[str]:
+    """Strategies that read a strategy-specific key."""
+    return [name for name, spec in specs.items() if key in spec.keys]
+
+
+def strategy_keys(specs: Mapping[str, Any]) -> set[str]:
+    """Keys that some strategy declares as its own (all other keys apply to every strategy)."""
+    return set().union(*(spec.keys for spec in specs.values()))
+
+
+def validate(cfg: RunConfig, specs: Mapping[str, Any]) -> RunConfig:
+    """Check every rule; return cfg unchanged or raise ConfigError."""
+    if cfg.strategy not in specs:
+        fail("strategy", cfg.strategy, f"choose one of {', '.join(sorted(specs))}")
+    spec = specs[cfg.strategy]
+    for key, f in leaves():
+        check, value = f.metadata.get("check"), get(cfg, key)
+        if check is not None and value is not None:
+            fix = check(value)
+            if fix:
+                fail(key, value, fix)
+    for key in sorted(strategy_keys(specs) - set(spec.keys)):
+        if get(cfg, key) != default_of(key):
+            fail(key, get(cfg, key), f"applies to --strategy {'/'.join(owners(specs, key))} only "
+                 f"(got {cfg.strategy}); drop it")
+    for key, options in spec.choices.items():
+        if get(cfg, key) not in options:
+            fail(key, get(cfg, key), f"choose one of {', '.join(options)}")
+    _validate_workload(cfg)
+    _validate_network(cfg)
+    _validate_workers_named(cfg, spec.servers(cfg))
+    _validate_out(cfg.out)
+    if cfg.cluster.address is not None and not cfg.cluster.address.strip():
+        fail("cluster.address", cfg.cluster.address, "use 'auto' or HOST:PORT of a running Ray head")
+    spec.validate(cfg)
+    return cfg
+
+
+def _validate_workload(cfg: RunConfig) -> None:
+    if cfg.workload.payload.scale != 1.0 and cfg.workload.name != "synthetic":
+        fail("workload.payload", cfg.workload.payload, "only the synthetic workload has a scalable payload")
+
+
+def _validate_network(cfg: RunConfig) -> None:
+    n = cfg.network
+    try:
+        if n.bandwidth is not None:
+            units.parse_bandwidth(n.bandwidth, flag="--bandwidth")
+        units.parse_duration(n.latency, flag="--latency")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if n.bandwidth is None and n.latency_s > 0:
+        fail("network.latency", n.latency, "emulation needs a bandwidth too; add --bandwidth, e.g. 10Gbit")
+
+
+def _validate_workers_named(cfg: RunConfig, servers: int) -> None:
+    """Stragglers and faults may only name workers (and servers) that exist."""
+    for spec in cfg.straggler:
+        worker = getattr(spec, "worker", None)
+        if worker is not None and worker >= cfg.workers:
+            fail("straggler", cfg.straggler, f"there is no worker {worker}; use a worker in "
+                 f"0..{cfg.workers - 1} (--workers {cfg.workers})")
+    try:
+        check_faults(tuple(cfg.faults.fail), workers=cfg.workers, servers=servers)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _validate_out(out: str) -> None:
+    path = os.path.abspath(out)
+    probe = path
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        fail("out", out, f"{probe} is a file, not a folder; pick another --out")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        fail("out", out, f"{probe} is not writable; pick a writable --out")

@@ -1,0 +1,40 @@
+"""What is true of `mapreduce`: synchronous SGD where the driver broadcasts, workers compute
+their gradients (map) and the driver averages and applies them (reduce). Every byte crosses the
+driver's NIC: per step it sends K to each of N workers and receives N gradients, so the step
+grows linearly with N (`driver.py` has the schedule). Pure: no Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from testbed.analysis import costmodel
+from testbed.config import RunConfig
+from testbed.strategy import Prediction, StrategySpec
+
+
+class MapReduceSpec(StrategySpec):
+    name = "mapreduce"
+    family = "mapreduce"
+    runner = "testbed.mapreduce.driver:MapReduce"
+    keys = frozenset({"compression"})
+    summary_keys = {
+        "grad_bytes_logical": "bytes: the logical gradient K",
+        "driver_bytes_per_step": "bytes: what crosses the driver's NIC per step (N K out + N P in)",
+    }
+
+    def predict(self, cfg: RunConfig, resolved: Mapping[str, Any], latency: float,
+                bandwidth: float) -> Prediction:
+        n, k = cfg.workers, resolved["grad_bytes_logical"]
+        push = cfg.compression.wire_bytes(k)
+        comm = costmodel.mapreduce_pipelined_comm_s(n, k, latency, bandwidth, push=push)
+        upper = costmodel.mapreduce_comm_s(n, k, latency, bandwidth, push=push)
+        formula = "2*a + (N+1)*K/B (pipelined)" if push == k else "2*a + N*K/B + P/B (pipelined, P compressed)"
+        return Prediction(comm, formula, upper)
+
+    def bytes_per_worker(self, cfg: RunConfig, resolved: Mapping[str, Any]) -> float:
+        return cfg.compression.wire_bytes(resolved["grad_bytes_logical"])
+
+
+MAPREDUCE = MapReduceSpec()

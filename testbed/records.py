@@ -1,0 +1,152 @@
+"""The raw record types every strategy emits, and the recorder that takes them as they happen.
+
+Raw records first, statistics later (`testbed.analysis.metrics` derives the summary):
+
+    StepRecord     one worker iteration: versions, start, compute / comm / wait seconds, bytes,
+                   samples, loss, staleness, injected delay
+    UpdateRecord   one model update: version, time, contributors, dropped, loss
+    Event          one span on an actor's timeline (compute / send / recv / reduce / apply / wait)
+
+A gradient that was never applied has `version_applied` and `staleness` None (null in the
+tables), so means over the column are means over applied gradients. Pure: no Ray, no torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+@dataclass
+class StepRecord:
+    """One worker iteration: what it computed, and where its time went."""
+
+    run_id: str
+    strategy: str
+    worker: int
+    iteration: int
+    version_read: int  # version of the parameters the gradient was computed from
+    version_applied: int | None  # version it was applied at (None: dropped or never applied)
+    t_start: float  # wall clock (time.time) when the iteration started
+    compute_s: float
+    comm_s: float
+    wait_s: float
+    bytes_sent: int  # logical bytes
+    bytes_recv: int
+    samples: int
+    loss: float
+    staleness: int | None  # version_applied - version_read; None when never applied
+    injected_delay_s: float
+    late_s: float = 0.0  # emulated network: how late this worker's messages arrived (real overhead)
+
+
+@dataclass
+class UpdateRecord:
+    """One application of gradients to the authoritative parameters."""
+
+    version: int  # version after the update (1 for the first update)
+    t_applied: float
+    contributors: int
+    dropped: int
+    loss: float
+
+
+@dataclass
+class Event:
+    """A span on one actor's timeline (phase: compute/send/recv/reduce/apply/wait/fault)."""
+
+    actor: str
+    phase: str
+    t0: float
+    t1: float
+
+
+STEP_COLUMNS = tuple(f.name for f in fields(StepRecord))
+UPDATE_COLUMNS = tuple(f.name for f in fields(UpdateRecord))
+EVENT_COLUMNS = tuple(f.name for f in fields(Event))
+
+# What a worker reports about one iteration (the strategy adds versions and wait).
+REPORT_KEYS = ("t_start", "compute_s", "comm_s", "bytes_sent", "bytes_recv", "samples", "loss",
+               "injected_delay_s")
+
+
+def step_record(run_id: str, strategy: str, worker: int, iteration: int, report: Mapping[str, Any], *,
+                version_read: int, version_applied: int | None, wait_s: float) -> StepRecord:
+    """The one way to build a StepRecord from a worker's report of an iteration."""
+    missing = [k for k in REPORT_KEYS if k not in report]
+    if missing:
+        raise KeyError(f"worker {worker} iteration {iteration}: report lacks {missing}")
+    return StepRecord(
+        run_id=run_id, strategy=strategy, worker=worker, iteration=iteration,
+        version_read=version_read, version_applied=version_applied, t_start=report["t_start"],
+        compute_s=report["compute_s"], comm_s=report["comm_s"], wait_s=wait_s,
+        bytes_sent=int(report["bytes_sent"]), bytes_recv=int(report["bytes_recv"]),
+        samples=int(report["samples"]), loss=float(report["loss"]),
+        staleness=None if version_applied is None else version_applied - version_read,
+        injected_delay_s=report["injected_delay_s"], late_s=float(report.get("late_s", 0.0)))
+
+
+class Recorder:
+    """Collects raw records and hands each one to a sink the moment it arrives.
+
+    Thread-safe. `sink(kind, row)` persists one record ("step", "update", "event", "fault",
+    "rollback"), so a run that dies keeps everything recorded before; `on_update` is called after
+    each update (progress bars). `extra` holds what strategies add to the summary.
+    """
+
+    def __init__(self, sink: Callable[[str, dict[str, Any]], None] | None = None,
+                 on_update: Callable[[UpdateRecord], None] | None = None) -> None:
+        self.steps: list[dict[str, Any]] = []
+        self.updates: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.extra: dict[str, Any] = {}  # strategy-specific summary additions
+        self._sink = sink
+        self._on_update = on_update
+        self._lock = threading.RLock()
+
+    def _emit(self, kind: str, row: dict[str, Any]) -> None:
+        if self._sink is not None:
+            self._sink(kind, row)
+
+    def step(self, rec: StepRecord) -> None:
+        row = asdict(rec)
+        with self._lock:
+            self.steps.append(row)
+            self._emit("step", row)
+
+    def update(self, rec: UpdateRecord) -> None:
+        row = asdict(rec)
+        with self._lock:
+            self.updates.append(row)
+            self._emit("update", row)
+        if self._on_update is not None:
+            self._on_update(rec)
+
+    def event(self, actor: str, phase: str, t0: float, t1: float) -> None:
+        self.events_from([(actor, phase, t0, t1)])
+
+    def events_from(self, rows: Iterable[tuple[str, str, float, float]]) -> None:
+        with self._lock:
+            for a, p, t0, t1 in rows:
+                row = {"actor": a, "phase": p, "t0": t0, "t1": t1}
+                self.events.append(row)
+                self._emit("event", row)
+
+    def fault(self, kind: str, actor: str, iteration: int, t0: float, t1: float, **detail: Any) -> None:
+        """Record a fault and its recovery (kept in the summary's `faults` list and the timeline)."""
+        row = {"kind": kind, "actor": actor, "iteration": iteration, "t0": t0, "time_lost_s": t1 - t0,
+               **detail}
+        with self._lock:
+            self.extra.setdefault("faults", []).append(row)
+            self._emit("fault", row)
+        self.event(actor, "fault", t0, t1)
+
+    def rollback(self, version: int) -> None:
+        """Updates after `version` were undone (a PS rollback): keep them aside, not in the table."""
+        with self._lock:
+            undone = [u for u in self.updates if u["version"] > version]
+            self.updates = [u for u in self.updates if u["version"] <= version]
+            self.extra.setdefault("rolled_back_updates", []).extend(undone)
+            self._emit("rollback", {"version": version})
