@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from testbed.emulation.faults import Diverged
+
 
 @dataclass
 class StepRecord:
@@ -93,11 +95,13 @@ class Recorder:
 
     Thread-safe. `sink(kind, row)` persists one record ("step", "update", "event", "fault",
     "rollback"), so a run that dies keeps everything recorded before; `on_update` is called after
-    each update (progress bars). `extra` holds what strategies add to the summary.
+    each update (progress bars). `extra` holds what strategies add to the summary. Past
+    `max_skipped` non-finite gradients (nan-skipped faults) `fault` raises `Diverged`.
     """
 
     def __init__(self, sink: Callable[[str, dict[str, Any]], None] | None = None,
-                 on_update: Callable[[UpdateRecord], None] | None = None) -> None:
+                 on_update: Callable[[UpdateRecord], None] | None = None,
+                 max_skipped: int | None = None) -> None:
         self.steps: list[dict[str, Any]] = []
         self.updates: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
@@ -105,6 +109,8 @@ class Recorder:
         self._sink = sink
         self._on_update = on_update
         self._lock = threading.RLock()
+        self.max_skipped = max_skipped
+        self.skipped = 0  # non-finite gradients left out (nan-skipped faults)
 
     def _emit(self, kind: str, row: dict[str, Any]) -> None:
         if self._sink is not None:
@@ -141,7 +147,12 @@ class Recorder:
         with self._lock:
             self.extra.setdefault("faults", []).append(row)
             self._emit("fault", row)
+            if kind == "nan-skipped":
+                self.skipped += 1
         self.event(actor, "fault", t0, t1)
+        if self.max_skipped is not None and self.skipped > self.max_skipped:
+            raise Diverged(f"{self.skipped} non-finite gradients were skipped (--max-skipped "
+                           f"{self.max_skipped}): the model diverged; lower --lr or raise --max-skipped")
 
     def rollback(self, version: int) -> None:
         """Updates after `version` were undone (a PS rollback): keep them aside, not in the table."""

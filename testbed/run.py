@@ -3,12 +3,14 @@
     python -m testbed.run --strategy ring --workers 8
 
 Prints a progress bar, a summary table and, as the last stdout line, the run folder. Bad input
-is one stderr line naming the value and the fix, exit 2, before Ray starts. Ctrl-C keeps what
-was measured (status "interrupted", exit 130); a failure keeps it too (status "failed", exit 1).
+is one stderr line naming the value and the fix, exit 2, before Ray starts. However a run ends
+(testbed/session.py lists the statuses and exit codes: failed 1 or 3, diverged 4, a signal 130)
+it keeps what was measured and says why in one stderr line.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -27,20 +29,36 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = parse_args(argv)
-    except ConfigError as exc:
-        print(f"testbed.run: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    from testbed.session import execute
+    from testbed.interrupts import INTERRUPTS
 
-    outcome = execute(cfg)
+    with INTERRUPTS:
+        try:
+            with INTERRUPTS.deferred():  # a signal while the command starts is held, then raised
+                cfg = parse_args(argv)
+                from testbed.session import execute
+        except ConfigError as exc:
+            print(f"testbed.run: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            print(f"testbed.run: error: interrupted by {INTERRUPTS.name} before the run started",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
+        outcome = execute(cfg)
+        with INTERRUPTS.shielded():
+            return _report(cfg, outcome)
+
+
+def _report(cfg: RunConfig, outcome: Any) -> int:
     if outcome.error_line:
         print(f"testbed.run: error: {outcome.error_line}", file=sys.stderr)
     if outcome.folder is not None:
         if not cfg.quiet and outcome.summary:
             print(format_summary(outcome.summary))
         print(outcome.folder)
+    if not outcome.clean:  # Ray did not stop in time (a signal took its processes): leave now,
+        sys.stdout.flush()  # without the interpreter's exit hooks waiting on it again
+        sys.stderr.flush()
+        os._exit(outcome.exit_code)
     return outcome.exit_code
 
 

@@ -1,15 +1,30 @@
 """Execute one validated RunConfig: folder, cluster, strategy, records, summary.
 
 Shared by `testbed.run` and `testbed.sweep` so that a sweep point runs exactly the code path
-of a single run. Every record goes to the run folder's records.jsonl the moment it arrives;
-whatever happens (success, Ctrl-C, a failure), summary.json then says how the run ended. All
-that is strategy-specific comes from the strategy's spec (`testbed.registry`).
+of a single run. All that is strategy-specific comes from the strategy's spec
+(`testbed.registry`).
+
+Nothing measured is lost and nothing hangs:
+- every record goes to the run folder's records.jsonl the moment it arrives;
+- however the run ends, the summary is written first (from records already in memory, no Ray
+  call), then the strategy's actors and Ray are stopped within a bounded time;
+- Ctrl-C, SIGTERM and SIGHUP, to the process or its group, at any moment, end it as
+  "interrupted" (exit 130; `testbed.interrupts`).
+
+    status       exit  when
+    completed    0     every update applied, parameters finite
+    failed       1     an error (one line in summary.json's `error`, the traceback in error.txt),
+                       or a file could not be written (disk full, read-only)
+    failed       2     the cluster cannot run the config (resources, address)
+    failed       3     restarts exhausted, a parameter-server shard lost for good
+    diverged     4     past --max-skipped non-finite gradients, --on-nan stop met one, or the
+                       final parameters or the last update's loss are not finite
+    interrupted  130   a signal
 """
 
 from __future__ import annotations
 
-import os
-import signal
+import sys
 import threading
 import time
 import traceback
@@ -19,11 +34,17 @@ from typing import Any
 
 import numpy as np
 
-from testbed.analysis.results import RunFolder, chrome_trace, new_run_id, table_frame
+from testbed.analysis.results import OutputError, RunFolder, chrome_trace, new_run_id, table_frame
 from testbed.config import ConfigError, RunConfig
-from testbed.emulation.faults import RestartsExhausted, ServerLost
+from testbed.emulation.faults import Diverged, NonFiniteGradient, RestartsExhausted, ServerLost
+from testbed.interrupts import INTERRUPTS, Interrupts
 from testbed.records import STEP_COLUMNS, UPDATE_COLUMNS, Recorder
+from testbed.runtime.cluster import Cluster, RayMessages
 from testbed.strategy import NotModelled, StrategySpec
+
+SHUTDOWN_S = 60.0  # stopping the actors and Ray after a run that ended normally
+SHUTDOWN_INTERRUPTED_S = 5.0  # ... and after a signal or a failure (Ray may be half gone)
+STARTUP_STUCK_S = 10.0  # Ray still starting this long after a signal: its daemons took it too
 
 
 @dataclass
@@ -32,6 +53,7 @@ class Outcome:
     folder: Path | None
     summary: dict[str, Any] | None
     error_line: str | None = None
+    clean: bool = True  # False: Ray could not be stopped in time; the process should exit at once
 
 
 def _progress(cfg: RunConfig):
@@ -45,87 +67,149 @@ def _progress(cfg: RunConfig):
 
 def execute(cfg: RunConfig, *, run_id: str | None = None) -> Outcome:
     from testbed import registry
-    from testbed.runtime.cluster import Cluster
 
     spec = registry.SPECS[cfg.strategy]
     cluster = Cluster(cfg.cluster, workers=cfg.workers, servers=spec.servers(cfg),
                       torch_workers=cfg.workload.name != "synthetic")
-    try:
-        cluster.precheck_local()
-    except ConfigError as exc:
-        return Outcome(2, None, None, str(exc))
-    run_id = run_id or new_run_id(cfg.strategy, cfg.workers)
-    try:
-        folder = RunFolder.create(cfg.out, run_id)
-    except OSError as exc:
-        return Outcome(2, None, None, f"--out {cfg.out!r}: cannot create the run folder ({exc}); pick another --out")
-    folder.write_config(cfg.to_dict())
-    bar = _progress(cfg)
-    log = folder.record_log()
-    recorder = Recorder(sink=log, on_update=(lambda _u: bar.update(1)) if bar else None)
-    status, code, error, params, extra = "completed", 0, None, None, {}
+    with INTERRUPTS as interrupts:
+        return _execute(spec, cfg, cluster, run_id or new_run_id(cfg.strategy, cfg.workers), interrupts)
+
+
+class _Ended:
+    """How a run ended: status, exit code, one-line reason."""
+
+    def __init__(self) -> None:
+        self.status, self.code, self.error = "completed", 0, None
+        self.cause: BaseException | None = None
+
+    def set(self, status: str, code: int, error: str | None, cause: BaseException | None = None) -> None:
+        self.status, self.code, self.error, self.cause = status, code, error, cause
+
+
+def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, interrupts: Interrupts) -> Outcome:
+    ended, folder, log, bar = _Ended(), None, None, None
+    recorder, strategy, params, extra = Recorder(max_skipped=cfg.faults.max_skipped), None, None, {}
     t_start = time.time()
-    previous = signal.getsignal(signal.SIGTERM)
-    main_thread = threading.current_thread() is threading.main_thread()
+    def stuck() -> None:  # Ray could not finish starting after a signal: save and say so, from the watchdog
+        ended.set("interrupted", 130, f"interrupted by {interrupts.name} while Ray was starting "
+                                      f"(it did not finish within {STARTUP_STUCK_S:g} s)")
+        if log is not None:
+            finish(folder, spec, cfg, recorder, ended, None, {}, t_start)
+        print(f"testbed.run: error: {ended.error}", file=sys.stderr, flush=True)
+        if folder is not None:
+            print(folder.path, flush=True)
+
     try:
-        with cluster:
-            if main_thread:  # after ray.init, which installs a SIGTERM handler of its own
-                signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-            with spec.create(cfg, cluster, run_id=run_id, workdir=str(folder.path)) as strategy:
-                strategy.run(recorder)
-                params = strategy.parameters()
-                extra = strategy.summary_extra()
+        with interrupts.deferred(STARTUP_STUCK_S, stuck):  # an interrupt inside ray.init would leave half a cluster
+            cluster.precheck_local()
+            cluster.start()  # before the folder: a cluster that cannot run this leaves no run behind
+            try:
+                folder = RunFolder.create(cfg.out, run_id)
+            except OSError as exc:
+                raise ConfigError(f"--out {cfg.out!r}: cannot create the run folder ({exc}); pick another --out") from None
+            folder.write_config(cfg.to_dict())
+            log = folder.record_log()
+            RayMessages.to(folder.path / "ray.log")
+            bar = _progress(cfg)
+            recorder = Recorder(sink=log, on_update=(lambda _u: bar.update(1)) if bar else None,
+                                max_skipped=cfg.faults.max_skipped)
+        strategy = spec.create(cfg, cluster, run_id=run_id, workdir=str(folder.path))
+        strategy.setup()
+        strategy.run(recorder)
+        params = strategy.parameters()
+        extra = strategy.summary_extra()
+    except (KeyboardInterrupt, SystemExit):  # SystemExit: Ray's own SIGTERM handler, set inside ray.init
+        ended.set("interrupted", 130, f"interrupted by {interrupts.name or 'SIGTERM'}; what was measured is saved")
     except ConfigError as exc:
-        status, code, error = "failed", 2, str(exc)
-    except KeyboardInterrupt:
-        if main_thread:
-            signal.signal(signal.SIGINT, _exit_now)  # a second Ctrl-C leaves at once
-        status, code, error = "interrupted", 130, "interrupted; measurements so far are saved"
+        ended.set("failed", 2, str(exc))
+    except (Diverged, NonFiniteGradient) as exc:
+        ended.set("diverged", 4, str(exc).splitlines()[0])
     except (RestartsExhausted, ServerLost) as exc:
-        status, code, error = "failed", 3, str(exc)
+        ended.set("failed", 3, str(exc))
+    except OutputError as exc:
+        ended.set("failed", 1, str(exc), exc)
     except Exception as exc:  # noqa: BLE001 - the run fails, the records stay
-        status, code = "failed", 1
-        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        (folder.path / "error.txt").write_text(traceback.format_exc())
+        ended.set("failed", 1, _one_line(exc))
+        if folder is not None:
+            try:
+                (folder.path / "error.txt").write_text(traceback.format_exc())
+            except OSError:
+                pass
     finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
         if bar is not None:
             bar.close()
-    try:
-        summary = finish(folder, spec, cfg, recorder, status, params, {**recorder.extra, **extra}, t_start)
-    finally:
-        log.close()
-        if main_thread:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-    return Outcome(code, folder.path, summary, error)
+    if ended.status == "completed":
+        _check_finite(params, recorder, ended)
+    with interrupts.shielded():  # what was measured is saved whatever arrives now
+        summary = None
+        if log is not None:
+            summary = finish(folder, spec, cfg, recorder, ended, params, {**recorder.extra, **extra}, t_start)
+            log.close()
+        clean = shut_down(strategy, cluster, SHUTDOWN_S if ended.status == "completed" else SHUTDOWN_INTERRUPTED_S)
+        RayMessages.to(None)
+    return Outcome(ended.code, folder.path if folder else None, summary, ended.error, clean)
 
 
-def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+def _check_finite(params: Any, recorder: Recorder, ended: _Ended) -> None:
+    """A run that applied every update can still have diverged: its parameters or its last loss."""
+    if params is not None and not all(np.isfinite(np.asarray(v)).all() for v in params.values()):
+        ended.set("diverged", 4, "the final parameters are not finite; lower --lr")
+    elif recorder.updates and not np.isfinite(max(recorder.updates, key=lambda u: u["version"])["loss"]):
+        ended.set("diverged", 4, "the loss of the last update is not finite; lower --lr")
 
 
-def _exit_now(signum: int, frame: Any) -> None:
-    os._exit(130)
+def _one_line(exc: BaseException) -> str:
+    from testbed.runtime.remote import describe
+
+    return describe(exc)
 
 
-def finish(folder: RunFolder, spec: StrategySpec, cfg: RunConfig, recorder: Recorder, status: str,
+def shut_down(strategy: Any, cluster: Any, timeout: float) -> bool:
+    """Kill the strategy's actors and stop Ray, in a thread given `timeout` seconds (a Ray whose
+    processes a signal already took can block for a minute); True if it finished in time."""
+    def work() -> None:
+        try:
+            if strategy is not None:
+                strategy.teardown()
+        finally:
+            cluster.stop()
+
+    thread = threading.Thread(target=work, name="testbed-shutdown", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return not thread.is_alive()
+
+
+def finish(folder: RunFolder, spec: StrategySpec, cfg: RunConfig, recorder: Recorder, ended: _Ended,
            params: Any, extra: dict[str, Any], t_start: float) -> dict[str, Any]:
-    """Write the record tables, then derive and write the summary (and params, timeline)."""
-    folder.write_records(recorder)
+    """Write the record tables and the parameters, then the summary: it says how the run ended,
+    including a file that could not be written (the summary itself last, when it still can be)."""
     steps = table_frame(recorder.steps, STEP_COLUMNS)
     updates = table_frame(recorder.updates, UPDATE_COLUMNS)
-    summary = summarize_run(spec, cfg, steps, updates, extra, status)
+    folder.release_reserve()  # the space set aside at the start is for what is written now
+    try:
+        if isinstance(ended.cause, OutputError):  # the disk is full: keep the room for the summary;
+            raise ended.cause  # the tables can be rebuilt from records.jsonl (`load_run`)
+        folder.write_records(recorder)
+        if params is not None:
+            folder.write_params(params)
+        if cfg.timeline and recorder.events:
+            t0 = min(e["t0"] for e in recorder.events)
+            folder.write_timeline(chrome_trace(recorder.events, t0))
+    except OutputError as exc:
+        if ended.status in ("completed", "diverged"):
+            ended.set("failed", 1, str(exc))
+    summary = summarize_run(spec, cfg, steps, updates, extra, ended.status)
     summary["run_id"] = folder.path.name
     summary["elapsed_s"] = time.time() - t_start
     # Ray start-up, actor processes, imports, placement: until the first worker iteration
     summary["startup_s"] = float(steps["t_start"].min()) - t_start if len(steps) else None
-    folder.write_summary(summary)
-    if params is not None:
-        folder.write_params(params)
-    if cfg.timeline and recorder.events:
-        t0 = min(e["t0"] for e in recorder.events)
-        folder.write_timeline(chrome_trace(recorder.events, t0))
+    summary["error"] = ended.error
+    try:
+        folder.write_summary(summary)
+    except OutputError as exc:
+        if ended.status == "completed":
+            ended.set("failed", 1, str(exc))
     return summary
 
 

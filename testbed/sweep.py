@@ -12,7 +12,7 @@ is the workload name; the string "none" is None for optional keys such as ps.sta
     workload = "synthetic"
     "workload.grad_mb" = 4
     [grid]                           # cartesian product, in the order written
-    strategy = ["mapreduce", "ring"]
+    strategy = ["ring"]              # any registered strategies
     workers = [1, 2, 4]
 
 Every point is validated before Ray starts (one stderr line naming the key and the fix, exit 2).
@@ -69,6 +69,7 @@ from testbed.sweepspec import (
     flat_config,
     load_spec,
     spec_dict,
+    spec_hash,
 )
 
 __all__ = ["SWEEP_OWNED", "Point", "Spec", "applies", "build_table", "config_keys", "expand",
@@ -117,7 +118,7 @@ def run_point(point: Point, runs_dir: Path) -> dict[str, Any]:
         return {**record, "status": "interrupted", "run_dir": None, "error": "interrupted"}
     except Exception as exc:  # noqa: BLE001 - one point fails, the sweep goes on
         return {**record, "status": "failed", "run_dir": None, "error": f"{type(exc).__name__}: {exc}"}
-    status = {0: "completed", 130: "interrupted"}.get(outcome.exit_code, "failed")
+    status = {0: "completed", 4: "diverged", 130: "interrupted"}.get(outcome.exit_code, "failed")
     run_dir = f"runs/{outcome.folder.name}" if outcome.folder is not None else None
     return {**record, "status": status, "run_dir": run_dir, "error": outcome.error_line}
 
@@ -170,7 +171,7 @@ def build_table(spec: Spec, points: list[Point], records: Mapping[str, dict], sw
     rows = []
     for p in points:
         rec = records.get(p.point_id)
-        if rec is None or rec.get("status") not in ("completed", "failed"):
+        if rec is None or rec.get("status") not in ("completed", "failed", "diverged"):
             continue
         row: dict[str, Any] = {"sweep": spec.name, "point_id": p.point_id, "repeat": p.repeat,
                                "status": rec["status"], "run_dir": rec.get("run_dir"),
@@ -200,6 +201,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="after a fully completed sweep, write its step-time ratios to --baseline")
     p.add_argument("--baseline", default=DEFAULT_BASELINE, metavar="PATH",
                    help=f"baseline file written by --update-baseline (default {DEFAULT_BASELINE})")
+    p.add_argument("--yes", action="store_true",
+                   help=f"run a grid of more than {ASK_ABOVE_POINTS} runs without asking")
     return p.parse_args(argv)
 
 
@@ -212,10 +215,17 @@ def main(argv: list[str] | None = None) -> int:
         sweep_dir = Path(args.out) / spec.name
         families = registry.families()
         points, skipped = expand(spec, registry.SPECS, str(sweep_dir / "runs"))
+        _check_size(points, args.yes, args.quiet)
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        with SweepLock(sweep_dir, spec):
+            return _main(args, spec, sweep_dir, families, points, skipped)
     except (ConfigError, OSError) as exc:
         print(f"testbed.sweep: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _main(args: argparse.Namespace, spec: Spec, sweep_dir: Path, families: Mapping[str, str],
+          points: list[Point], skipped: list[dict]) -> int:
     records = read_points(sweep_dir / "points.jsonl")
     for s in skipped:  # recorded once, so points.jsonl says why a combination did not run
         sid = hashlib.sha256(json.dumps(s["values"], sort_keys=True).encode()).hexdigest()[:12]
@@ -229,29 +239,96 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+ASK_ABOVE_POINTS = 200  # a grid this large needs --yes when a person is at the terminal
+
+
+def _check_size(points: list[Point], yes: bool, quiet: bool) -> None:
+    """Say how large the sweep is before it starts; refuse a huge one at a terminal without --yes."""
+    if not quiet or len(points) > ASK_ABOVE_POINTS:
+        steps = sum(p.config.steps * p.config.workers for p in points)
+        print(f"testbed.sweep: {len(points)} runs, {steps} worker iterations in all", file=sys.stderr)
+    if len(points) > ASK_ABOVE_POINTS and not yes and sys.stdin.isatty():
+        raise ConfigError(f"the grid has {len(points)} runs (more than {ASK_ABOVE_POINTS}); add --yes "
+                          "to run them all, or shrink the grid")
+
+
+class SweepLock:
+    """One sweep at a time in a folder, and one spec per folder.
+
+    An exclusive lock on <sweep>/.lock (released by the OS if the process dies) keeps two
+    sweeps from running the same points at once; <sweep>/spec.json records the spec the
+    folder belongs to, and a different spec under the same name is refused.
+    """
+
+    def __init__(self, sweep_dir: Path, spec: Spec) -> None:
+        self.dir, self.spec = sweep_dir, spec
+        self.fh: Any = None
+
+    def __enter__(self) -> SweepLock:
+        import fcntl
+
+        self.fh = open(self.dir / ".lock", "a+")
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.fh.close()
+            raise ConfigError(f"{self.dir}: another sweep is running there; wait for it to end or use "
+                              "another --out") from None
+        mine = {"hash": spec_hash(self.spec), "spec": spec_dict(self.spec)}
+        held = self.dir / "spec.json"
+        if held.exists():
+            theirs = json.loads(held.read_text())
+            if theirs.get("hash") != mine["hash"]:
+                self.__exit__()
+                raise ConfigError(f"{self.dir} holds the runs of another spec named {self.spec.name!r} "
+                                  f"(spec {theirs.get('hash')}, this one {mine['hash']}); give this spec "
+                                  "another name or --out, or delete that folder")
+        else:
+            from testbed.analysis.results import write_json
+
+            write_json(held, mine)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fh is not None:
+            self.fh.close()  # closing the file releases the lock
+            self.fh = None
+
+
 def _done(record: dict[str, Any] | None, sweep_dir: Path) -> bool:
-    """Completed, and its run folder still has a summary (a deleted folder runs again)."""
-    return bool(record and record.get("status") == "completed" and record.get("run_dir")
+    """Completed (or diverged: a result too), and its run folder still has a summary (a deleted
+    folder runs again)."""
+    return bool(record and record.get("status") in ("completed", "diverged") and record.get("run_dir")
                 and (sweep_dir / record["run_dir"] / "summary.json").exists())
 
 
 def _finish(spec: Spec, points: list[Point], todo: list[Point], skipped: list[dict],
             sweep_dir: Path, families: Mapping[str, str], quiet: bool) -> int:
-    import ray
+    from testbed.interrupts import INTERRUPTS
+    from testbed.runtime.cluster import stop_ray
 
     started, complete = False, True
-    try:
-        if todo:
-            started = _start_ray(todo)
-        complete = run_all(todo, len(points), sweep_dir, quiet)
-    except ConfigError as exc:
-        print(f"testbed.sweep: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        complete = False
-    finally:
-        if started:
-            ray.shutdown()  # only the Ray this sweep started
+    with INTERRUPTS as interrupts:
+        try:
+            if todo:
+                with interrupts.deferred():
+                    started = _start_ray(todo)
+            complete = run_all(todo, len(points), sweep_dir, quiet)
+        except ConfigError as exc:
+            print(f"testbed.sweep: error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            complete = False
+        finally:
+            with interrupts.shielded():
+                if started:
+                    stop_ray()  # only the Ray this sweep started
+        with interrupts.shielded():  # the table and figures of what ran are written whatever comes
+            return _write_results(spec, points, todo, skipped, sweep_dir, families, quiet, complete)
+
+
+def _write_results(spec: Spec, points: list[Point], todo: list[Point], skipped: list[dict],
+                   sweep_dir: Path, families: Mapping[str, str], quiet: bool, complete: bool) -> int:
     records = read_points(sweep_dir / "points.jsonl")
     table = build_table(spec, points, records, sweep_dir, families)
     write_sweep_table(table, sweep_dir / "runs.parquet",

@@ -72,11 +72,16 @@ def load_spec(path: str | os.PathLike) -> Spec:
     """Read and check a spec file; raise ConfigError naming the key and the fix."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read the spec ({exc.strerror}); check the path") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}); save the spec as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML ({exc}); fix the syntax") from None
+    if not data.get("base") and not data.get("grid"):
+        raise ConfigError(f"{p}: the spec asks for nothing (no [base] or [grid] keys); add a [grid] "
+                          "such as workers = [2, 4]")
     for key in data:
         if key not in SPEC_KEYS:
             raise ConfigError(f"{p}: key {key!r} is unknown; use {', '.join(SPEC_KEYS)}")
@@ -188,6 +193,11 @@ def flat_config(cfg: RunConfig) -> dict[str, Any]:
     """RunConfig -> {dotted key: value} over the settable keys (spec strings as their text)."""
     d = cfg.to_dict()
     return {k: (d[k.split(".")[0]][k.split(".")[1]] if "." in k else d[k]) for k in config_keys()}
+
+
+def spec_hash(spec: Spec) -> str:
+    """A spec's identity (what it asks for, not its file): a sweep folder holds one spec's runs."""
+    return hashlib.sha256(json.dumps(spec_dict(spec), sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def spec_dict(spec: Spec) -> dict[str, Any]:

@@ -119,7 +119,9 @@ class RingAllreduce(Strategy):
         if isinstance(cause, NonFiniteGradient):
             raise NonFiniteGradient(str(cause).splitlines()[0]) from None
         if self.library or self.config.ring.transport != "object-store":
-            raise exc
+            raise RuntimeError(f"a ring peer failed at step {step} ({remote.describe(exc)[:160]}); a peer's death "
+                               f"cannot be recovered from under {'allreduce-torch' if self.library else '--transport torch'} "
+                               "(the torch process group does not survive it): use --transport object-store") from None
         t = self.config.cluster.timeout_s
         dead = self.liveness.find_dead()
         live = [i for i in range(len(self.peers)) if i not in dead]

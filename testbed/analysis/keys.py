@@ -50,7 +50,10 @@ EVENT_COLUMNS = {
 SUMMARY = {
     "schema_version": ("", "format version of the run folder"),
     "run_id": ("", "the run folder name"),
-    "status": ("", "`completed`, `interrupted` (Ctrl-C / SIGTERM) or `failed`"),
+    "status": ("", "`completed`, `failed`, `diverged` (non-finite gradients past --max-skipped, "
+                   "--on-nan stop, non-finite final parameters or loss) or `interrupted` (SIGINT, "
+                   "SIGTERM, SIGHUP); a folder without summary.json reads back as `crashed`"),
+    "error": ("", "how a run that did not complete ended, in one line (null when it completed)"),
     "strategy": ("", "strategy name"),
     "workers": ("", "N"),
     "workload": ("", "workload name"),

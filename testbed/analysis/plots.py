@@ -218,8 +218,10 @@ def figures_for_sweep(table: pd.DataFrame, out_dir: str | os.PathLike,
 
 def run_tables(table: pd.DataFrame, kind: str, *, repeat: int = 0) -> dict[str, pd.DataFrame]:
     """{series label: steps or updates table} for the completed runs of one repeat (the per-run
-    figures' input), read from the run folders a sweep table points to."""
+    figures' input), read from the run folders a sweep table points to (`results.run_table`)."""
+    from testbed.analysis.results import run_table
+
     rows = table[(table["status"] == "completed") & (table["repeat"] == repeat)]
     labels = series_labels(rows, exclude=())
-    return {labels[i]: pd.read_parquet(Path(rows.at[i, "run_dir"]) / f"{kind}.parquet")
-            for i in rows.index if (Path(rows.at[i, "run_dir"]) / f"{kind}.parquet").exists()}
+    return {labels[i]: run_table(rows.at[i, "run_dir"], kind) for i in rows.index
+            if rows.at[i, "run_dir"] and Path(rows.at[i, "run_dir"]).is_dir()}

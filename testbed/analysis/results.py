@@ -50,13 +50,26 @@ def new_run_id(strategy: str, workers: int) -> str:
     return f"{stamp}-{strategy}-n{workers}-{secrets.token_hex(2)}"
 
 
+class OutputError(OSError):
+    """A run's file could not be written (disk full, read-only); the message is one line."""
+
+
+def _output_error(path: Path, exc: OSError) -> OutputError:
+    return OutputError(f"cannot write {path} ({exc.strerror or exc}); free space there or pick another --out")
+
+
 def _atomic_write(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a failed write leaves the previous version and no litter
+    except BaseException as exc:
+        try:
+            tmp.unlink(missing_ok=True)  # a failed write leaves the previous version and no litter
+        except OSError:
+            pass
+        if isinstance(exc, OSError) and not isinstance(exc, OutputError):
+            raise _output_error(path, exc) from None
         raise
 
 
@@ -121,14 +134,27 @@ class RecordLog:
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / self.NAME
-        self._fh = open(self.path, "a", buffering=1, encoding="utf-8")
+        self.failed: OutputError | None = None
+        try:
+            self._fh = open(self.path, "a", buffering=1, encoding="utf-8")
+        except OSError as exc:
+            raise _output_error(self.path, exc) from None
 
     def __call__(self, kind: str, row: Mapping[str, Any]) -> None:
-        self._fh.write(json.dumps({"kind": kind, **row}, default=_jsonable) + "\n")
+        if self.failed is not None:
+            raise self.failed
+        try:
+            self._fh.write(json.dumps({"kind": kind, **row}, default=_jsonable) + "\n")
+        except OSError as exc:  # disk full, read-only: the run stops, what was written stays readable
+            self.failed = _output_error(self.path, exc)
+            raise self.failed from None
 
     def close(self) -> None:
-        if not self._fh.closed:
-            self._fh.close()
+        try:
+            if not self._fh.closed:
+                self._fh.close()
+        except OSError:  # the last buffered line could not be flushed; earlier lines are on disk
+            pass
 
 
 def read_log(path: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
@@ -154,10 +180,12 @@ def provenance() -> dict[str, Any]:
     """Git commit + dirty flag, package versions and the machine, for config.json."""
     info: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
                             "cpu_count": os.cpu_count()}
+    from importlib.metadata import PackageNotFoundError, version
+
     for mod in ("ray", "torch", "numpy", "pandas"):
-        try:
-            info[mod] = __import__(mod).__version__
-        except ImportError:
+        try:  # the installed version, without importing the package (torch takes seconds)
+            info[mod] = version(mod)
+        except PackageNotFoundError:
             info[mod] = None
     root = Path(__file__).resolve().parent.parent
 
@@ -195,9 +223,22 @@ class RunFolder:
             data["machine"] = machine
         write_json(self.path / "config.json", data)
 
+    RESERVE = ".reserve"
+    RESERVE_BYTES = (32 * 1024, 8 * 1024, 4 * 1024)  # room kept back for summary.json (the most that fits)
+
     def record_log(self) -> RecordLog:
-        """The append-only log every record goes to as it arrives (the Recorder's sink)."""
+        """The append-only log every record goes to as it arrives (the Recorder's sink); first a
+        little space is set aside (`release_reserve`) so that a full disk still gets a summary."""
+        for size in self.RESERVE_BYTES:
+            try:
+                (self.path / self.RESERVE).write_bytes(b"\0" * size)
+                break
+            except OSError:  # too little room: try less (the summary may then not fit)
+                (self.path / self.RESERVE).unlink(missing_ok=True)
         return RecordLog(self.path)
+
+    def release_reserve(self) -> None:
+        (self.path / self.RESERVE).unlink(missing_ok=True)
 
     def write_records(self, recorder: Recorder) -> None:
         """Write the record tables (parquet) from everything recorded."""
@@ -222,6 +263,16 @@ class RunFolder:
 # ---------------------------------------------------------------- reading
 
 
+def run_table(path: str | os.PathLike, name: str) -> pd.DataFrame:
+    """One record table of a run folder ("steps", "updates", "events"): its parquet file, or, for
+    a run that never ended, the same table rebuilt from records.jsonl."""
+    p = Path(path)
+    if (p / f"{name}.parquet").exists():
+        return pd.read_parquet(p / f"{name}.parquet")
+    log = read_log(p / RecordLog.NAME) if (p / RecordLog.NAME).exists() else {name: []}
+    return table_frame(log[name], TABLES[name])
+
+
 def load_run(path: str | os.PathLike) -> dict[str, Any]:
     """Read a run folder back: config, summary, tables (DataFrames) and params.
 
@@ -233,13 +284,8 @@ def load_run(path: str | os.PathLike) -> dict[str, Any]:
         "config": json.loads((p / "config.json").read_text()),
         "summary": json.loads((p / "summary.json").read_text()) if (p / "summary.json").exists() else None,
     }
-    log = read_log(p / RecordLog.NAME) if (p / RecordLog.NAME).exists() else None
     for name in TABLES:
-        f = p / f"{name}.parquet"
-        if f.exists():
-            out[name] = pd.read_parquet(f)
-        else:
-            out[name] = table_frame(log[name] if log else [], TABLES[name])
+        out[name] = run_table(p, name)
     out["status"] = out["summary"]["status"] if out["summary"] else "crashed"
     if (p / "params.npz").exists():
         with np.load(p / "params.npz", allow_pickle=False) as npz:

@@ -244,7 +244,9 @@ class FaultConfig:
     checkpoint_every: int = opt(0, check=integer(0, None, "use versions >= 0 (0 = no checkpoints)"),
                                 help="checkpoint PS shards every K versions (0: none)")
     on_nan: str = opt("skip", check=choice(("skip", "stop")),
-                      help="a non-finite gradient: skip it (recorded) or stop the run")
+                      help="a non-finite gradient: skip it (recorded) or stop the run as diverged")
+    max_skipped: int = opt(10, check=integer(0, 10**9, "use an integer >= 0"),
+                           help="non-finite gradients skipped before the run stops as diverged")
 
     def __post_init__(self) -> None:
         _parse_fields(self)

@@ -7,7 +7,9 @@ kill every replacement at iteration 10 too).
 `--on-nan skip|stop` is applied by `NanPolicy.admit` wherever gradients (or, for gossip,
 parameters) are about to be applied: the driver (mapreduce), a PS shard, every ring peer,
 every gossip peer. `skip` leaves the value out and the run records a `nan-skipped` fault;
-`stop` raises `NonFiniteGradient`, which ends the run. Pure; no Ray import.
+`stop` raises `NonFiniteGradient`, which ends the run as diverged. Skipping is bounded: the
+recorder counts the skipped gradients and stops the run as diverged past `--max-skipped`, so a
+diverging model never spins forever. Pure; no Ray import.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ class NonFiniteGradient(RuntimeError):
 
 class ServerLost(RuntimeError):
     """A PS shard died and no checkpoint can restore it; the run stops (exit code 3)."""
+
+
+class Diverged(RuntimeError):
+    """The model diverged: more non-finite gradients were skipped than --max-skipped allows (or
+    --on-nan stop met one); the run stops with status "diverged" (exit code 4)."""
 
 
 class FaultPlan:

@@ -173,17 +173,19 @@ class ShardActor:
     restarted shard reports itself `lost` and the run stops.
     """
 
-    def __init__(self, params: np.ndarray, net: NetworkConfig, rank: int, logical_factor: float,
+    def __init__(self, numel: int, net: NetworkConfig, rank: int, logical_factor: float,
                  checkpoint_dir: str | None = None, checkpoint_every: int = 0,
                  faults: tuple[Fault, ...] = (), compression: CompressionSpec | None = None,
                  **state: Any) -> None:
-        self.state = ShardState(params, **state)
+        # Small constructor arguments only: Ray keeps them to rerun __init__ on a restart (a large
+        # array would live in the object store for that); parameters come by `set_params`.
+        self.state = ShardState(np.zeros(numel, np.float32), **state)
         self.rank = rank
         self.actor = f"ps{rank}"
         self.endpoint = Endpoint(net, self.actor)
-        self.logical_bytes = int(params.size * 4 * logical_factor)
+        self.logical_bytes = int(numel * 4 * logical_factor)
         self.factor = logical_factor
-        self.decompressor = (Compressor(compression, params.size)
+        self.decompressor = (Compressor(compression, numel)
                              if compression is not None and compression.kind != "none" else None)
         self.t_created = time.time()
         self.dir = Path(checkpoint_dir) if checkpoint_dir else None
@@ -261,6 +263,11 @@ class ShardActor:
     def get_params(self) -> np.ndarray:
         with self.state.cv:
             return self.state.params.copy()
+
+    def set_params(self, params: np.ndarray) -> None:
+        """The initial parameters of this shard's slice (before any worker connects)."""
+        with self.state.cv:
+            np.copyto(self.state.params, params)
 
     def updates_since(self, version: int) -> list[dict[str, Any]]:
         return self.state.updates_since(version)

@@ -54,13 +54,16 @@ class ParameterServer(Strategy):
         self.shards = [
             RemoteShard.options(max_concurrency=2 * n + 4, max_restarts=cfg.faults.max_restarts,
                                 max_task_retries=0, **self.cluster.options(i, server=True)).remote(
-                params[lo:hi], cfg.network, i, factor, checkpoint_dir=ckpt,
+                hi - lo, cfg.network, i, factor, checkpoint_dir=ckpt,
                 checkpoint_every=cfg.faults.checkpoint_every, faults=cfg.faults.fail.items,
                 compression=cfg.compression, lr=cfg.workload.lr,
                 sync=self.sync, workers=n, backup=cfg.ps.backup_workers, max_updates=cfg.steps,
                 on_nan=cfg.faults.on_nan)
             for i, (lo, hi) in enumerate(self.bounds)
         ]
+        # parameters by a call, not in the constructor: a restarted shard loads its checkpoint
+        remote.get([sh.set_params.remote(params[lo:hi]) for sh, (lo, hi) in zip(self.shards, self.bounds,
+                                                                                  strict=True)], t, "PS parameters")
         self.shard_live = remote.Liveness(self.shards, t, "PS shard")
         remote.get([w.connect.remote(self.shards, self.bounds) for w in self.workers], t, "PS wiring")
 

@@ -14,10 +14,15 @@ where it can. CPU shares are fractional so that 8+ workers fit on a 2-core machi
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
+import sys
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from testbed.config import ClusterConfig, ConfigError
@@ -88,8 +93,13 @@ def local_machine() -> dict[str, float]:
     return {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus), "memory": float(mem) * 0.7}
 
 
+AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + empty SETTINGS
+
+
 def check_reachable(address: str, timeout: float = 3.0) -> None:
-    """Fail fast (ray.init retries an absent head for minutes): TCP-connect to HOST:PORT."""
+    """Fail fast where ray.init would retry for minutes: a Ray head is a gRPC (HTTP/2) server, so
+    it answers a connection preface with a SETTINGS frame at once; anything else is named."""
     if address == "auto":
         return
     hostport = address.split("://", 1)[-1]
@@ -97,37 +107,148 @@ def check_reachable(address: str, timeout: float = 3.0) -> None:
     if not sep or not port.isdigit():
         raise ConfigError(f"--address {address!r}: use 'auto' or HOST:PORT of a running Ray head")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            pass
+        with socket.create_connection((host, int(port)), timeout=timeout) as conn:
+            conn.settimeout(timeout)
+            conn.sendall(HTTP2_PREFACE)
+            head = conn.recv(9)
+    except TimeoutError:
+        head = None
     except OSError as exc:
         raise ConfigError(f"--address {address!r}: nothing answers there ({exc.strerror or exc}); "
                           "start a head with 'ray start --head' or drop --address") from None
+    if not head or len(head) < 4 or head[3] != 0x04:
+        seen = "no answer" if not head else f"an answer that is not HTTP/2 ({head[:9]!r})"
+        raise ConfigError(f"--address {address!r}: something listens there but it is not a Ray head "
+                          f"({seen} to a gRPC handshake); give the head's GCS address (ray start --head "
+                          "prints it) or drop --address")
 
 
-def start_ray(address: str | None, *, flag: str = "--address") -> bool:
-    """Start the embedded local Ray (address None, no RAY_ADDRESS) or attach to a running one;
-    return True if this call started or attached it (the caller then shuts it down), False if
-    Ray was already up in this process. The only place Ray is started.
+@contextmanager
+def _stderr_to(path: str):
+    """Send this process's fd 2 (where Ray's C++ client logs its retries) to a file meanwhile."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@contextmanager
+def _keep_our_sigterm():
+    """ray.init replaces the process's SIGTERM handler with one that exits on the spot, midway
+    through starting the cluster (testbed.interrupts owns the signals: a run saves what it
+    measured and stops Ray in order). Keep Ray from installing it while it starts. (It cannot
+    start on another thread instead: its daemons die with the thread that started them.)"""
+    import ray._private.utils as ray_utils
+
+    original = getattr(ray_utils, "set_sigterm_handler", None)
+    if original is None:  # a Ray without it: nothing to keep off
+        yield
+        return
+    ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = original
+
+
+class RayMessages:
+    """Where the messages Ray's raylet sends the driver go (a worker died, a node is short of
+    memory, ...). Ray prints them on stdout, which belongs to testbed (`--quiet` prints only the
+    run folder there); a run sends them to its folder (ray.log), anything else to stderr, one line
+    each. The errors of a worker's task reach the run as exceptions anyway, so Ray's reprint of
+    an error nobody fetched is switched off (RAY_IGNORE_UNHANDLED_ERRORS)."""
+
+    path: Path | None = None
+
+    @classmethod
+    def to(cls, path: Path | None) -> None:
+        cls.path = path
+
+    @classmethod
+    def write(cls, data: dict[str, Any], ignore_prefix: bool = False) -> None:
+        lines = [ln for ln in data.get("lines", []) if ln.strip()]
+        source = data.get("pid", "ray")
+        if cls.path is not None:
+            try:
+                with open(cls.path, "a", encoding="utf-8") as fh:
+                    fh.writelines(f"({source}) {ln}\n" for ln in lines)
+                return
+            except OSError:
+                pass
+        for ln in lines:
+            print(f"ray ({source}): {ln[:300]}", file=sys.stderr)
+
+    @classmethod
+    def install(cls) -> None:
+        import ray._private.worker as ray_worker
+
+        os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
+        ray_worker.print_to_stdstream = cls.write  # the raylet-message thread prints through it
+
+
+def start_ray(address: str | None, *, flag: str = "--address", num_cpus: int | None = None) -> bool:
+    """Start a private local Ray (address None and no RAY_ADDRESS) or attach to a running one;
+    return True if this call started or attached it (the caller then stops it), False if Ray was
+    already up in this process. The only place Ray is started.
+
+    Private means private: `address="local"`, so a `ray start --head` elsewhere on the machine is
+    never joined by accident. Token authentication stays on, Ray's default for a new local
+    cluster; the notice Ray logs about it (how to turn it off) is not printed. Workers' output
+    stays in Ray's log files (`log_to_driver=False`), so stdout holds what testbed prints.
+    Attaching captures Ray's client log while it connects, to name a refused token in one line.
+    Ray's messages to the driver go where `RayMessages` says.
     """
     import ray
 
     if ray.is_initialized():
         return False
+    logging.getLogger(AUTH_LOGGER).setLevel(logging.ERROR)
     address = address or os.environ.get("RAY_ADDRESS") or None
-    try:
-        if address is None:
-            ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, configure_logging=False,
-                     log_to_driver=True)
-        else:
-            check_reachable(address)
-            ray.init(address=address, include_dashboard=False, configure_logging=False)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(
-            f"{flag} {address!r}: cannot start or reach Ray ({first[:160]}); "
-            "start a head with 'ray start --head' or drop the address"
-        ) from None
+    common = {"include_dashboard": False, "configure_logging": False, "log_to_driver": False}
+    RayMessages.install()
+    if address is None:
+        with _keep_our_sigterm():
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **common)
+        return True
+    check_reachable(address)
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "ray-connect.log")
+        try:
+            with _stderr_to(log), _keep_our_sigterm():
+                ray.init(address=address, **common)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            said = Path(log).read_text(errors="replace")
+            if "InvalidAuthToken" in said or "Unauthenticated" in said:
+                raise ConfigError(f"{flag} {address!r}: the Ray cluster there refused this machine's "
+                                  "authentication token; set RAY_AUTH_TOKEN (or ~/.ray/auth_token) to "
+                                  "that cluster's token (ray get-auth-token on its head)") from None
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"{flag} {address!r}: cannot reach Ray there ({first[:160]}); start a "
+                              "head with 'ray start --head' or drop the address") from None
     return True
+
+
+def stop_ray() -> None:
+    """Shut down the Ray this process started, and remove the named semaphores its raylet left in
+    /dev/shm (Ray never unlinks those of its shared-memory channels: two per ring link)."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    node = getattr(ray._private.worker, "_global_node", None)
+    raylets = [p.process.pid for p in (getattr(node, "all_processes", None) or {}).get("raylet", [])]
+    ray.shutdown()
+    for pid in raylets:
+        for path in Path("/dev/shm").glob(f"sem.*{pid}-*"):
+            if path.name.startswith((f"sem.hdr{pid}-", f"sem.obj{pid}-")):
+                path.unlink(missing_ok=True)
 
 
 class Cluster:
@@ -229,7 +350,7 @@ class Cluster:
                 pass
             self.pg = None
         if self.started_ray and ray.is_initialized():
-            ray.shutdown()
+            stop_ray()
             self.started_ray = False
 
     def __enter__(self) -> Cluster:

@@ -6,6 +6,7 @@ Every wait on a remote call has a timeout; a hang becomes `RemoteTimeout`, never
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -42,6 +43,23 @@ def root_cause(exc: BaseException) -> BaseException:
     while getattr(exc, "cause", None) is not None and exc.cause is not exc:
         exc = exc.cause
     return exc
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def describe(exc: BaseException) -> str:
+    """One line for an error, whatever wraps it: the actor's own exception (Ray's wrappers and
+    colour codes removed) and, for an actor task, which method raised it."""
+    root = root_cause(exc)
+    text = ANSI.sub("", str(root)).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if isinstance(root, ray.exceptions.RayTaskError) or (lines and lines[0].startswith("ray::")):
+        where = lines[0].split("(", 1)[0].removeprefix("ray::") if lines else "an actor"
+        last = next((ln for ln in reversed(lines) if not ln.startswith(("File ", "^", "ray::"))), "")
+        return f"{type(root).__name__} in {where}: {last}"[:400]
+    first = lines[0] if lines else ""
+    return f"{type(root).__name__}: {first}"[:400] if first else type(root).__name__
 
 
 def spawn(actor_cls: Any, cluster: Any, count: int, *args: Any, server: bool = False,

@@ -1,11 +1,7 @@
 """`python -m testbed.run` end to end: exit 0, every file present and readable, schema keys."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
-
-import pytest
 
 from testbed.analysis.results import SCHEMA_VERSION, load_run
 
@@ -21,22 +17,19 @@ STEP_COLUMNS = {
 }
 
 
-def _run(args, cwd, timeout=240):
-    return subprocess.run([sys.executable, "-m", "testbed.run", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+def test_cli_end_to_end(tmp_path, capsys):
+    """The main command's path (in this process, on the session's Ray; tests/ray/test_reliability.py
+    runs it in a process of its own): every file, the schema, the table."""
+    from testbed.run import main
 
-
-@pytest.mark.slow
-def test_cli_end_to_end(tmp_path):
-    """The main command's path in its own process: a private Ray, every file, the table."""
-    strategy = "ring"
-    proc = _run(["--strategy", strategy, "--workers", "2", "--steps", "3", "--out", str(tmp_path / "runs"),
-                 "--timeline"], tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    folder = Path(proc.stdout.strip().splitlines()[-1])
+    code = main(["--strategy", "ring", "--workers", "2", "--steps", "3", "--out", str(tmp_path / "runs"),
+                 "--timeline"])
+    out = capsys.readouterr().out
+    assert code == 0
+    folder = Path(out.strip().splitlines()[-1])
     assert folder.parent == tmp_path / "runs"
-    for name in ("config.json", "steps.parquet", "updates.parquet", "events.parquet", "summary.json",
-                 "params.npz", "timeline.json"):
+    for name in ("config.json", "records.jsonl", "steps.parquet", "updates.parquet", "events.parquet",
+                 "summary.json", "params.npz", "timeline.json"):
         assert (folder / name).is_file(), name
     run = load_run(folder)
     assert SUMMARY_KEYS <= set(run["summary"])
@@ -44,12 +37,12 @@ def test_cli_end_to_end(tmp_path):
     assert run["summary"]["schema_version"] == SCHEMA_VERSION
     assert STEP_COLUMNS <= set(run["steps"].columns)
     assert len(run["steps"]) == 2 * 3 and len(run["updates"]) == 3
-    assert run["config"]["config"]["strategy"] == strategy
+    assert run["config"]["config"]["strategy"] == "ring"
     assert "git_commit" in run["config"]["provenance"]
     trace = json.loads((folder / "timeline.json").read_text())
     tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
     assert {"worker0", "worker1"} <= tracks
-    assert "samples/s" in proc.stdout  # the human table
+    assert "samples/s" in out  # the human table
 
 
 def test_quiet_prints_only_the_folder(tmp_path, capsys):

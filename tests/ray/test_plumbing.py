@@ -89,12 +89,12 @@ def test_a_failed_run_keeps_its_timeline(tmp_path):
     cfg = make_config(strategy="mapreduce", workers=2, steps=6, out=str(tmp_path), quiet=True, **SYNTHETIC,
                       **{"faults.fail": "nan:worker=0,at=2", "faults.on_nan": "stop"})
     outcome = execute(cfg)
-    assert outcome.exit_code == 1 and "not finite" in outcome.error_line
+    assert outcome.exit_code == 4 and "not finite" in outcome.error_line
     events = pd.read_parquet(outcome.folder / "events.parquet")
     computes = events[(events["phase"] == "compute") & (events["actor"] == "worker1")]
     assert len(computes) >= 2
     summary = json.loads((outcome.folder / "summary.json").read_text())
-    assert summary["status"] == "failed"
+    assert summary["status"] == "diverged" and "--on-nan stop" in summary["error"]
 
 
 def test_every_summary_key_of_a_run_is_documented():

@@ -76,7 +76,7 @@ def test_backup_worker_drops_exactly_one_gradient_per_version():
 def test_retried_push_is_not_applied_twice():
     cfg = make_config(strategy="ps-async", workers=1)
     shard = ray.remote(ShardActor).options(num_cpus=0.1, max_concurrency=4).remote(
-        np.zeros(4, np.float32), cfg.network, 0, 1.0, lr=1.0, sync=False, workers=1)
+        4, cfg.network, 0, 1.0, lr=1.0, sync=False, workers=1)
     g = np.ones(4, np.float32)
     first = ray.get(shard.push.remote(g, 0, 0, 0, 1.0, None), timeout=30)
     again = ray.get(shard.push.remote(g, 0, 0, 0, 1.0, None), timeout=30)

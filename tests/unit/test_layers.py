@@ -10,7 +10,7 @@ Layers (lowest first; a module may import its own layer and the ones below):
     runtime                           Ray: cluster, remote calls, the worker base
     ps mapreduce allreduce gossip     the strategies (never each other)
     registry reference                the table of strategies; single-process SGD
-    session                           the one code path of a run
+    session interrupts                the one code path of a run; signals
     run sweep sweepspec bench docs    the command lines
 """
 
@@ -30,7 +30,7 @@ LAYERS = [
     {"runtime"},
     {"ps", "mapreduce", "allreduce", "gossip"},
     {"registry", "reference"},
-    {"session"},
+    {"session", "interrupts"},
     {"run", "sweep", "sweepspec", "bench", "docs", "__main__", "__init__"},
 ]
 STRATEGY_PACKAGES = LAYERS[6]
