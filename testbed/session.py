@@ -39,7 +39,7 @@ from testbed.config import ConfigError, RunConfig
 from testbed.emulation.faults import Diverged, NonFiniteGradient, RestartsExhausted, ServerLost
 from testbed.interrupts import INTERRUPTS, Interrupts
 from testbed.records import STEP_COLUMNS, UPDATE_COLUMNS, Recorder
-from testbed.runtime.cluster import Cluster, RayMessages
+from testbed.runtime.cluster import Cluster, RayMessages, end_ray_processes
 from testbed.strategy import NotModelled, StrategySpec
 
 SHUTDOWN_S = 60.0  # stopping the actors and Ray after a run that ended normally
@@ -95,6 +95,7 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
                                       f"(it did not finish within {STARTUP_STUCK_S:g} s)")
         if log is not None:
             finish(folder, spec, cfg, recorder, ended, None, {}, t_start)
+        end_ray_processes()
         print(f"testbed.run: error: {ended.error}", file=sys.stderr, flush=True)
         if folder is not None:
             print(folder.path, flush=True)
@@ -165,8 +166,9 @@ def _one_line(exc: BaseException) -> str:
 
 
 def shut_down(strategy: Any, cluster: Any, timeout: float) -> bool:
-    """Kill the strategy's actors and stop Ray, in a thread given `timeout` seconds (a Ray whose
-    processes a signal already took can block for a minute); True if it finished in time."""
+    """Kill the strategy's actors and stop Ray, in a thread given `timeout` seconds, or longer
+    while Ray's daemons are alive and the stop is progressing (a busy machine); a Ray whose
+    daemons a signal took can block for a minute instead, and is left then. True if it finished."""
     def work() -> None:
         try:
             if strategy is not None:
@@ -177,6 +179,11 @@ def shut_down(strategy: Any, cluster: Any, timeout: float) -> bool:
     thread = threading.Thread(target=work, name="testbed-shutdown", daemon=True)
     thread.start()
     thread.join(timeout)
+    deadline = time.monotonic() + SHUTDOWN_S
+    while thread.is_alive() and cluster.daemons_alive() and time.monotonic() < deadline:
+        thread.join(0.5)
+    if thread.is_alive() and cluster.started_ray:  # leaving without Ray's own shutdown: end its processes
+        end_ray_processes()
     return not thread.is_alive()
 
 

@@ -4,6 +4,7 @@
     tests/ray    marked `ray`: one local Ray for the whole session, started on first use
     slow         the long end-to-end checks (sweeps, signals, hangs); `pytest -m "not slow"`
                  is the inner loop, plain `pytest` the full suite CI runs
+    own_ray      runs the CLI in processes of its own, each with its own Ray (not the session's)
     gpu          needs a CUDA device; skipped with the reason otherwise
 """
 
@@ -20,7 +21,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE / "ray" in Path(item.fspath).parents:
             item.add_marker(pytest.mark.ray)
-            item.fixturenames.insert(0, "ray_cluster")  # every Ray test shares the session's Ray
+            if "own_ray" not in item.keywords:
+                item.fixturenames.insert(0, "ray_cluster")  # every Ray test shares the session's Ray
     if not any("gpu" in item.keywords for item in items):
         return
     try:

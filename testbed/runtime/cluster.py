@@ -20,7 +20,7 @@ import os
 import socket
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,17 +107,23 @@ def check_reachable(address: str, timeout: float = 3.0) -> None:
     if not sep or not port.isdigit():
         raise ConfigError(f"--address {address!r}: use 'auto' or HOST:PORT of a running Ray head")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout) as conn:
-            conn.settimeout(timeout)
-            conn.sendall(HTTP2_PREFACE)
-            head = conn.recv(9)
-    except TimeoutError:
-        head = None
+        conn = socket.create_connection((host, int(port)), timeout=timeout)
     except OSError as exc:
         raise ConfigError(f"--address {address!r}: nothing answers there ({exc.strerror or exc}); "
                           "start a head with 'ray start --head' or drop --address") from None
+    head: bytes | None = None
+    seen = "no answer"
+    with conn:
+        try:
+            conn.settimeout(timeout)
+            conn.sendall(HTTP2_PREFACE)
+            head = conn.recv(9)
+        except TimeoutError:
+            pass
+        except OSError as exc:
+            seen = f"the connection was dropped: {exc.strerror or exc}"
     if not head or len(head) < 4 or head[3] != 0x04:
-        seen = "no answer" if not head else f"an answer that is not HTTP/2 ({head[:9]!r})"
+        seen = seen if not head else f"an answer that is not HTTP/2 ({head[:9]!r})"
         raise ConfigError(f"--address {address!r}: something listens there but it is not a Ray head "
                           f"({seen} to a gRPC handshake); give the head's GCS address (ray start --head "
                           "prints it) or drop --address")
@@ -214,6 +220,7 @@ def start_ray(address: str | None, *, flag: str = "--address", num_cpus: int | N
     common = {"include_dashboard": False, "configure_logging": False, "log_to_driver": False}
     RayMessages.install()
     if address is None:
+        _become_subreaper()
         with _keep_our_sigterm():
             ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **common)
         return True
@@ -235,20 +242,91 @@ def start_ray(address: str | None, *, flag: str = "--address", num_cpus: int | N
     return True
 
 
+RAY_PROCESS = ("raylet", "gcs_server", "default_worker.py", "ray::", "dashboard", "runtime_env",
+               "log_monitor", "monitor.py")
+
+
+def _become_subreaper() -> None:
+    """Linux: let the processes of the Ray this process starts stay its descendants even when
+    their parent dies first (a signal to the process group takes the raylet, whose agents would
+    otherwise be adopted by init and outlive the run by a minute), so `stop_ray` can end them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _ray_descendants() -> dict[int, str]:
+    """This process's descendants that are Ray's: {pid: command line}."""
+    parent, cmd = {}, {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                parent[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmd[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, pp in parent.items() if pp in frontier} - found
+        found |= frontier
+    return {pid: cmd.get(pid, "") for pid in found if any(k in cmd.get(pid, "") for k in RAY_PROCESS)}
+
+
+def _end(pids: dict[int, str], grace: float = 2.0) -> None:
+    """What is left of them after Ray's own shutdown: SIGTERM, a moment, SIGKILL, and reap."""
+    import signal
+    import time
+
+    left = [pid for pid in pids if _pid_alive(pid)]
+    for pid in left:
+        with suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while (left := [pid for pid in left if _pid_alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        with suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:  # adopted orphans are ours to reap (Ray's own children it reaps itself)
+        with suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def end_ray_processes() -> None:
+    """Ray cannot be stopped in order (its daemons are gone, or it would not stop in time): end
+    the processes of it that this process started, before leaving without it."""
+    _end(_ray_descendants(), grace=1.0)
+
+
 def stop_ray() -> None:
-    """Shut down the Ray this process started, and remove the named semaphores its raylet left in
-    /dev/shm (Ray never unlinks those of its shared-memory channels: two per ring link)."""
+    """Shut down the Ray this process started; end whatever of it outlives that (a raylet killed
+    by a signal leaves its agents); remove the named semaphores its raylet left in /dev/shm
+    (Ray never unlinks those of its shared-memory channels: two per ring link)."""
     import ray
 
     if not ray.is_initialized():
         return
     node = getattr(ray._private.worker, "_global_node", None)
     raylets = [p.process.pid for p in (getattr(node, "all_processes", None) or {}).get("raylet", [])]
+    ours = _ray_descendants()
     ray.shutdown()
+    _end(ours)
     for pid in raylets:
         for path in Path("/dev/shm").glob(f"sem.*{pid}-*"):
             if path.name.startswith((f"sem.hdr{pid}-", f"sem.obj{pid}-")):
                 path.unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Running (a dead daemon stays a zombie until its parent, this process, reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 class Cluster:
@@ -352,6 +430,17 @@ class Cluster:
         if self.started_ray and ray.is_initialized():
             stop_ray()
             self.started_ray = False
+
+    def daemons_alive(self) -> bool:
+        """Whether the Ray this cluster started still has its GCS and raylet processes."""
+        if not self.started_ray:
+            return False
+        import ray
+
+        node = getattr(ray._private.worker, "_global_node", None)
+        procs = getattr(node, "all_processes", None) or {}
+        pids = [p.process.pid for kind in ("gcs_server", "raylet") for p in procs.get(kind, [])]
+        return bool(pids) and all(_pid_alive(pid) for pid in pids)
 
     def __enter__(self) -> Cluster:
         return self.start()
