@@ -39,8 +39,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_collection_finish(session):
+    """Cases that mostly wait on processes of their own (test_reliability) start now, beside the
+    rest of the suite, when any of them was collected."""
+    if any(item.nodeid.startswith("tests/ray/test_reliability.py") for item in session.items):
+        import tempfile
+
+        from tests.ray.test_reliability import Batch
+
+        Batch.begin(Path(tempfile.mkdtemp(prefix="testbed-reliability-")))
+
+
 def pytest_sessionfinish(session, exitstatus):
     """The unit tier must not import Ray: when only unit tests ran, Ray must not be loaded."""
+    if "tests.ray.test_reliability" in sys.modules:
+        sys.modules["tests.ray.test_reliability"].Batch.end()
     items = getattr(session, "items", [])
     if items and all(HERE / "unit" in Path(i.fspath).parents for i in items) and "ray" in sys.modules:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

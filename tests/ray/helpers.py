@@ -15,9 +15,12 @@ from testbed.session import summarize_run
 
 
 def make_config(**changes: Any) -> RunConfig:
+    """A small config of the torch-free synthetic workload (a worker that imports torch costs about
+    a CPU-second more to start); tests of the real models say `workload.name` = "mlp"."""
     base = RunConfig(strategy="mapreduce", workers=2, steps=5, seed=3)
-    base = with_overrides(base, **{"workload.batch_size": 8, "workload.lr": 0.2,
-                                   "cluster.timeout_s": 60.0})
+    base = with_overrides(base, **{"workload.batch_size": 8, "workload.lr": 0.2, "cluster.timeout_s": 60.0,
+                                   "workload.name": "synthetic", "workload.grad_mb": 0.01,
+                                   "workload.compute_ms": 0.0})
     return validate(with_overrides(base, **changes), SPECS)
 
 

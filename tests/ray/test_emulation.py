@@ -40,7 +40,7 @@ def test_ps_shards_divide_the_step_time():
     assert 0.97 * m1 / (m4 + c4) <= ratio <= 1.03 * (m1 + c1) / best4, (ratio, m1, m4, best4, c1, c4)
 
 
-@pytest.mark.parametrize("strategy", ["mapreduce", "ring", "ps-sync"])
+@pytest.mark.parametrize("strategy", ["ring", "ps-sync"])  # (mapreduce's barrier: test_same_seed...)
 def test_fixed_straggler_bounds_every_synchronous_step(strategy):
     d = 0.08
     cfg = make_config(strategy=strategy, workers=3, steps=4, straggler=f"fixed:worker=0,delay={int(d * 1000)}ms",

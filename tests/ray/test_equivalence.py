@@ -11,12 +11,13 @@ from tests.ray.helpers import make_config, run_strategy
 # each actor importing torch; one real model (autograd, an MLP) per strategy covers that path.
 SYN = {"workload.name": "synthetic", "workload.grad_mb": 0.01, "workload.compute_ms": 0.0}
 SMALL_BUCKETS = {**SYN, "ring.bucket_mb": 0.004}  # 8 tensors of 328 floats: 2 tensors a bucket
+MLP = {"workload.name": "mlp"}
 CASES = [
-    ("mapreduce", 3, {}),
-    ("ps-sync", 3, {}),
-    ("ring", 3, {}),
-    ("allreduce-torch", 2, {}),
-    ("ps-async", 1, {}),  # one async worker is sequential SGD
+    ("mapreduce", 3, MLP),
+    ("ps-sync", 3, MLP),
+    ("ring", 3, MLP),
+    ("allreduce-torch", 2, MLP),
+    ("ps-async", 1, MLP),  # one async worker is sequential SGD
     ("mapreduce", 4, SYN),
     ("ps-sync", 4, SYN),  # N = 1 of the parameter server: ps-async with one worker, above
     ("ps-sync", 4, {**SYN, "ps.shards": 2}),
@@ -32,7 +33,7 @@ CASES = [
 def _id(strategy, n, extra):
     shown = {k: v for k, v in extra.items() if k not in SYN}
     kind = "synthetic" if extra.get("workload.name") == "synthetic" else "mlp"
-    return f"{strategy}-n{n}-{kind}" + "".join(f"-{k}={v}" for k, v in shown.items())
+    return f"{strategy}-n{n}-{kind}" + "".join(f"-{k}={v}" for k, v in shown.items() if k != "workload.name")
 
 
 @pytest.mark.parametrize(("strategy", "workers", "extra"), CASES, ids=[_id(*c) for c in CASES])

@@ -20,7 +20,9 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,9 +56,14 @@ def alive(pids: set[int]) -> set[int]:
             and "zombie" not in Path(f"/proc/{pid}/status").read_text(errors="replace").lower()}
 
 
+STARTED: list[subprocess.Popen] = []  # every process a case started (stopped at the end of the session)
+
+
 def start(args, out, **kw) -> subprocess.Popen:
-    return subprocess.Popen([*RUN, *args, "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*RUN, *args, "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+    STARTED.append(proc)
+    return proc
 
 
 def wait_updates(out: Path, n: int, timeout: float = 90) -> None:
@@ -219,20 +226,50 @@ CASES = {**{f"signal {k}": (signal_case, v) for k, v in SIGNALS.items()},
          "head": (head_case, ()), "not ray": (not_ray_case, ()), "main command": (main_command_case, ())}
 
 
+class Batch:
+    """The cases, running four at a time on threads of this process, from `begin()` on.
+
+    tests/conftest.py begins them as the session starts (they mostly wait, so they overlap the
+    rest of the suite instead of adding to it); the `cases` fixture waits for them."""
+
+    futures: dict[str, Any] | None = None
+    pool: ThreadPoolExecutor | None = None
+    root: Path | None = None
+
+    @classmethod
+    def begin(cls, root: Path) -> None:
+        if cls.futures is not None:
+            return
+        cls.root = root
+
+        def run(name):
+            fn, args = CASES[name]
+            try:
+                return fn(root / name.replace(" ", "_"), *args)
+            except BaseException as exc:  # noqa: BLE001 - reported by the case's test
+                return exc
+
+        cls.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="reliability")
+        cls.futures = {name: cls.pool.submit(run, name) for name in CASES}
+
+    @classmethod
+    def end(cls) -> None:
+        """Stop what is still running (an interrupted session) and let the threads go."""
+        for proc in STARTED:
+            if proc.poll() is None:
+                with suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        if cls.pool is not None:
+            cls.pool.shutdown(wait=False, cancel_futures=True)
+        if cls.root is not None and cls.root.name.startswith("testbed-reliability-"):
+            shutil.rmtree(cls.root, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
-    """Run every case, four at a time; {name: what it saw, or the exception it raised}."""
-    root = tmp_path_factory.mktemp("reliability")
-
-    def run(name):
-        fn, args = CASES[name]
-        try:
-            return fn(root / name.replace(" ", "_"), *args)
-        except BaseException as exc:  # noqa: BLE001 - reported by the case's test
-            return exc
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(zip(CASES, pool.map(run, CASES), strict=True))
+    """{case name: what it saw, or the exception it raised}."""
+    Batch.begin(tmp_path_factory.mktemp("reliability"))
+    return {name: future.result() for name, future in Batch.futures.items()}
 
 
 def seen(cases, name) -> dict:

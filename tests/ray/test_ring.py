@@ -46,7 +46,7 @@ class _Probe(RingPeer):
         return t.numpy(), sent
 
 
-RINGS = [(n, t) for t in ("object-store", "actor-calls") for n in (1, 2, 3, 5)] + [(2, "torch"), (3, "torch")]
+RINGS = [(n, t) for t in ("object-store", "actor-calls") for n in (1, 2, 5)] + [(3, "torch")]
 
 
 @pytest.mark.parametrize(("n", "transport"), RINGS)
@@ -149,13 +149,3 @@ def test_scaled_payload_counts_logical_bytes():
     k = out["extra"]["grad_bytes_logical"]
     assert k == 2**20
     assert out["steps"]["bytes_sent"].iloc[0] == pytest.approx(k, rel=0.01)  # 2K(N-1)/N = K at N=2
-
-
-def test_overlap_and_no_overlap_give_the_same_parameters():
-    kw = {"workload.name": "synthetic", "workload.grad_mb": 0.02, "workload.compute_ms": 5.0,
-          "ring.bucket_mb": 0.005}
-    a = run_strategy(make_config(strategy="ring", workers=3, steps=3, **kw))
-    b = run_strategy(make_config(strategy="ring", workers=3, steps=3, **{**kw, "ring.overlap": False}))
-    np.testing.assert_allclose(a["flat"], b["flat"], rtol=1e-6, atol=1e-7)
-    assert a["extra"]["buckets"] > 1
-    assert a["extra"]["overlap_saved_s"] >= 0
