@@ -14,10 +14,12 @@ tables), so means over the column are means over applied gradients. Pure: no Ray
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from testbed.emulation.dilation import Dilation
 from testbed.emulation.faults import Diverged
 
 
@@ -97,6 +99,8 @@ class Recorder:
     "rollback"), so a run that dies keeps everything recorded before; `on_update` is called after
     each update (progress bars). `extra` holds what strategies add to the summary. Past
     `max_skipped` non-finite gradients (nan-skipped faults) `fault` raises `Diverged`.
+    With `dilation` set (`--dilation`), every time is taken into the emulated cluster's clock
+    as it arrives (`testbed.emulation.dilation`): what is stored is what is reported.
     """
 
     def __init__(self, sink: Callable[[str, dict[str, Any]], None] | None = None,
@@ -111,20 +115,38 @@ class Recorder:
         self._lock = threading.RLock()
         self.max_skipped = max_skipped
         self.skipped = 0  # non-finite gradients left out (nan-skipped faults)
+        self.dilation: Dilation | None = None
+        self.first_update_at: float | None = None  # wall clock of the first update (start-up figures)
+
+    def dilate(self, factor: float, origin: float) -> None:
+        """From now on take times into the clock of a cluster run `factor` times slower since
+        `origin` (`--dilation`; 1 leaves them as they are)."""
+        self.dilation = Dilation(factor, origin) if factor != 1.0 else None
+
+    def summary_extras(self, strategy_extra: dict[str, Any]) -> dict[str, Any]:
+        """What the summary adds from the run: this recorder's extras (faults, already in the
+        run's clock) and the strategy's, taken into it."""
+        extra = strategy_extra if self.dilation is None else self.dilation.extras(strategy_extra)
+        return {**self.extra, **extra}
+
+    def _time(self, row: dict[str, Any]) -> dict[str, Any]:
+        return row if self.dilation is None else self.dilation.row(row)
 
     def _emit(self, kind: str, row: dict[str, Any]) -> None:
         if self._sink is not None:
             self._sink(kind, row)
 
     def step(self, rec: StepRecord) -> None:
-        row = asdict(rec)
+        row = self._time(asdict(rec))
         with self._lock:
             self.steps.append(row)
             self._emit("step", row)
 
     def update(self, rec: UpdateRecord) -> None:
-        row = asdict(rec)
+        row = self._time(asdict(rec))
         with self._lock:
+            if self.first_update_at is None:
+                self.first_update_at = time.time()
             self.updates.append(row)
             self._emit("update", row)
         if self._on_update is not None:
@@ -136,20 +158,20 @@ class Recorder:
     def events_from(self, rows: Iterable[tuple[str, str, float, float]]) -> None:
         with self._lock:
             for a, p, t0, t1 in rows:
-                row = {"actor": a, "phase": p, "t0": t0, "t1": t1}
+                row = self._time({"actor": a, "phase": p, "t0": t0, "t1": t1})
                 self.events.append(row)
                 self._emit("event", row)
 
     def fault(self, kind: str, actor: str, iteration: int, t0: float, t1: float, **detail: Any) -> None:
         """Record a fault and its recovery (kept in the summary's `faults` list and the timeline)."""
-        row = {"kind": kind, "actor": actor, "iteration": iteration, "t0": t0, "time_lost_s": t1 - t0,
-               **detail}
+        row = self._time({"kind": kind, "actor": actor, "iteration": iteration, "t0": t0,
+                          "time_lost_s": t1 - t0, **detail})
         with self._lock:
             self.extra.setdefault("faults", []).append(row)
             self._emit("fault", row)
             if kind == "nan-skipped":
                 self.skipped += 1
-        self.event(actor, "fault", t0, t1)
+        self.event(actor, "fault", t0, t1)  # (taken into the emulated clock there)
         if self.max_skipped is not None and self.skipped > self.max_skipped:
             raise Diverged(f"{self.skipped} non-finite gradients were skipped (--max-skipped "
                            f"{self.max_skipped}): the model diverged; lower --lr or raise --max-skipped")

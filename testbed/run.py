@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 from testbed.config import ConfigError, RunConfig, build_parser, parse_config
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"testbed.run: error: interrupted by {INTERRUPTS.name} before the run started",
                   file=sys.stderr)
             return EXIT_INTERRUPTED
-        outcome = execute(cfg)
+        outcome = execute(cfg, launched=process_started())
         with INTERRUPTS.shielded():
             return _report(cfg, outcome)
 
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
 def _report(cfg: RunConfig, outcome: Any) -> int:
     if outcome.error_line:
         print(f"testbed.run: error: {outcome.error_line}", file=sys.stderr)
+    if outcome.summary and outcome.summary.get("fidelity_warning"):
+        print(f"testbed.run: warning: {outcome.summary['fidelity_warning']}", file=sys.stderr)
     if outcome.folder is not None:
         if not cfg.quiet and outcome.summary:
             print(format_summary(outcome.summary))
@@ -60,6 +63,17 @@ def _report(cfg: RunConfig, outcome: Any) -> int:
         sys.stderr.flush()
         os._exit(outcome.exit_code)
     return outcome.exit_code
+
+
+def process_started() -> float | None:
+    """Wall-clock time this process started (Linux /proc), for the start-up figures; else None."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as up:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # start, in clock ticks after boot
+            age = float(up.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -78,7 +92,8 @@ def format_summary(s: dict[str, Any]) -> str:
     b = s.get("bytes_sent_per_worker_per_step")
     rows = [
         ("strategy", f"{s['strategy']}  (N={s['workers']}, {s.get('status')})"),
-        ("updates", f"{s['steps']}  in {num('train_wall_s')} s  (start-up {num('startup_s')} s)"),
+        ("updates", f"{s['steps']}  in {num('train_wall_s')} s  (start-up {num('startup_s')} s: Ray "
+                    f"{num('startup_ray_s')} s, actors {num('startup_actors_s')} s)"),
         ("throughput", f"{num('samples_per_s', '{:.1f}')} samples/s, {num('updates_per_s', '{:.2f}')} updates/s"),
         ("step time p50 / p95", f"{ms('step_time_p50_s')} / {ms('step_time_p95_s')}"),
         ("compute / comm / wait", split),
@@ -89,8 +104,10 @@ def format_summary(s: dict[str, Any]) -> str:
         rows.append(("staleness mean / p95 / max",
                      f"{s['staleness_mean']:.2f} / {s['staleness_p95']:.1f} / {s['staleness_max']}"))
     if s.get("predicted_step_s") is not None:
+        dilated = "" if s.get("dilation", 1.0) == 1.0 else f", dilation {s['dilation']:g}"
         rows.append(("comm measured / predicted",
-                     f"{ms('comm_s_per_step')} / {ms('predicted_comm_s')}"))
+                     f"{ms('comm_s_per_step')} / {ms('predicted_comm_s')}  "
+                     f"({num('emulation_fidelity', '{:.3f}')}x{dilated})"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from testbed.analysis.results import OutputError, RunFolder, chrome_trace, new_run_id, table_frame
 from testbed.config import ConfigError, RunConfig
+from testbed.emulation.dilation import advice
 from testbed.emulation.faults import Diverged, NonFiniteGradient, RestartsExhausted, ServerLost
 from testbed.interrupts import INTERRUPTS, Interrupts
 from testbed.records import STEP_COLUMNS, UPDATE_COLUMNS, Recorder
@@ -65,14 +66,15 @@ def _progress(cfg: RunConfig):
                 leave=False, dynamic_ncols=True)
 
 
-def execute(cfg: RunConfig, *, run_id: str | None = None) -> Outcome:
+def execute(cfg: RunConfig, *, run_id: str | None = None, launched: float | None = None) -> Outcome:
+    """Run cfg. `launched`: when the process started (`testbed.run`), for the start-up figures."""
     from testbed import registry
 
     spec = registry.SPECS[cfg.strategy]
     cluster = Cluster(cfg.cluster, workers=cfg.workers, servers=spec.servers(cfg),
                       torch_workers=cfg.workload.name != "synthetic")
     with INTERRUPTS as interrupts:
-        return _execute(spec, cfg, cluster, run_id or new_run_id(cfg.strategy, cfg.workers), interrupts)
+        return _execute(spec, cfg, cluster, run_id or new_run_id(cfg.strategy, cfg.workers), interrupts, launched)
 
 
 class _Ended:
@@ -86,15 +88,17 @@ class _Ended:
         self.status, self.code, self.error, self.cause = status, code, error, cause
 
 
-def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, interrupts: Interrupts) -> Outcome:
+def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, interrupts: Interrupts,
+             launched: float | None) -> Outcome:
     ended, folder, log, bar = _Ended(), None, None, None
     recorder, strategy, params, extra = Recorder(max_skipped=cfg.faults.max_skipped), None, None, {}
     t_start = time.time()
+    marks = {"launched": launched, "session": t_start}  # start-up milestones (wall clock)
     def stuck() -> None:  # Ray could not finish starting after a signal: save and say so, from the watchdog
         ended.set("interrupted", 130, f"interrupted by {interrupts.name} while Ray was starting "
                                       f"(it did not finish within {STARTUP_STUCK_S:g} s)")
         if log is not None:
-            finish(folder, spec, cfg, recorder, ended, None, {}, t_start)
+            finish(folder, spec, cfg, recorder, ended, None, {}, marks)
         end_ray_processes()
         print(f"testbed.run: error: {ended.error}", file=sys.stderr, flush=True)
         if folder is not None:
@@ -104,6 +108,7 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
         with interrupts.deferred(STARTUP_STUCK_S, stuck):  # an interrupt inside ray.init would leave half a cluster
             cluster.precheck_local()
             cluster.start()  # before the folder: a cluster that cannot run this leaves no run behind
+            marks["ray"] = time.time()
             try:
                 folder = RunFolder.create(cfg.out, run_id)
             except OSError as exc:
@@ -116,6 +121,8 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
                                 max_skipped=cfg.faults.max_skipped)
         strategy = spec.create(cfg, cluster, run_id=run_id, workdir=str(folder.path))
         strategy.setup()
+        marks["actors"] = time.time()
+        recorder.dilate(cfg.network.dilation, origin=marks["actors"])  # the emulated cluster's clock
         strategy.run(recorder)
         params = strategy.parameters()
         extra = strategy.summary_extra()
@@ -144,7 +151,7 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
     with interrupts.shielded():  # what was measured is saved whatever arrives now
         summary = None
         if log is not None:
-            summary = finish(folder, spec, cfg, recorder, ended, params, {**recorder.extra, **extra}, t_start)
+            summary = finish(folder, spec, cfg, recorder, ended, params, recorder.summary_extras(extra), marks)
             log.close()
         clean = shut_down(strategy, cluster, SHUTDOWN_S if ended.status == "completed" else SHUTDOWN_INTERRUPTED_S)
         RayMessages.to(None)
@@ -188,7 +195,7 @@ def shut_down(strategy: Any, cluster: Any, timeout: float) -> bool:
 
 
 def finish(folder: RunFolder, spec: StrategySpec, cfg: RunConfig, recorder: Recorder, ended: _Ended,
-           params: Any, extra: dict[str, Any], t_start: float) -> dict[str, Any]:
+           params: Any, extra: dict[str, Any], marks: dict[str, float | None]) -> dict[str, Any]:
     """Write the record tables and the parameters, then the summary: it says how the run ended,
     including a file that could not be written (the summary itself last, when it still can be)."""
     steps = table_frame(recorder.steps, STEP_COLUMNS)
@@ -208,9 +215,8 @@ def finish(folder: RunFolder, spec: StrategySpec, cfg: RunConfig, recorder: Reco
             ended.set("failed", 1, str(exc))
     summary = summarize_run(spec, cfg, steps, updates, extra, ended.status)
     summary["run_id"] = folder.path.name
-    summary["elapsed_s"] = time.time() - t_start
-    # Ray start-up, actor processes, imports, placement: until the first worker iteration
-    summary["startup_s"] = float(steps["t_start"].min()) - t_start if len(steps) else None
+    summary["elapsed_s"] = time.time() - marks["session"]
+    summary.update(startup(marks, float(steps["t_start"].min()) if len(steps) else None, recorder.first_update_at))
     summary["error"] = ended.error
     try:
         folder.write_summary(summary)
@@ -220,6 +226,22 @@ def finish(folder: RunFolder, spec: StrategySpec, cfg: RunConfig, recorder: Reco
     return summary
 
 
+def startup(marks: dict[str, float | None], first_start: float | None,
+            first_update: float | None) -> dict[str, float | None]:
+    """Where the time before training went (real seconds, never dilated)."""
+    def span(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else b - a
+
+    return {
+        # Ray start-up, actor processes, imports, placement: until the first worker iteration
+        "startup_s": span(marks["session"], first_start),
+        "startup_ray_s": span(marks["session"], marks.get("ray")),
+        "startup_actors_s": span(marks.get("ray"), marks.get("actors")),
+        "startup_first_update_s": span(marks.get("actors"), first_update),
+        "first_update_after_launch_s": span(marks["launched"], first_update),
+    }
+
+
 def summarize_run(spec: StrategySpec, cfg: RunConfig, steps: Any, updates: Any, extra: dict[str, Any],
                   status: str) -> dict[str, Any]:
     """The summary of one run from its records: statistics, the model beside them, extras."""
@@ -227,6 +249,7 @@ def summarize_run(spec: StrategySpec, cfg: RunConfig, steps: Any, updates: Any, 
 
     summary = summarize(steps, updates, strategy=cfg.strategy, workers=cfg.workers, status=status)
     summary["workload"] = cfg.workload.name
+    summary["dilation"] = cfg.network.dilation
     summary.update(predictions(spec, cfg, summary, steps, updates, extra))
     summary.update(extra)
     return summary
@@ -280,6 +303,9 @@ def predictions(spec: StrategySpec, cfg: RunConfig, summary: dict[str, Any], ste
     late = (float(steps["late_s"].sum()) + float(extra.get("endpoint_late_s", 0.0))) / max(1, len(updates))
     out.update({"emulation_late_s_per_update": late,
                 "emulation_leak_frac": late / pred.comm_s if pred.comm_s > 0 else None})
+    out["emulation_fidelity"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None
+    out["fidelity_warning"] = (advice(out["comm_s_per_step"], pred.comm_s, cfg.network.dilation,
+                                      cfg.workload.name == "synthetic") if len(updates) >= 3 else None)
     out.update({"predicted_comm_s": pred.comm_s, "predicted_step_s": compute + pred.comm_s,
                 "predicted_compute_s": compute, "predicted_compute_source": source,
                 "formula": pred.formula,

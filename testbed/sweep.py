@@ -15,6 +15,10 @@ is the workload name; the string "none" is None for optional keys such as ps.sta
     strategy = ["ring"]              # any registered strategies
     workers = [1, 2, 4]
 
+Several products in one sweep: write `[[grid]]` tables instead of one `[grid]`; the points are
+the union of their products, in the order written (for example each strategy with its own
+`network.dilation`, experiments/fidelity.toml).
+
 Every point is validated before Ray starts (one stderr line naming the key and the fix, exit 2).
 A strategy-specific key that a point's strategy does not read (its spec's `keys`: ps.* off the
 parameter server, ring.* off the allreduce strategies, ...) is reset to its default for that

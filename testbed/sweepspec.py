@@ -56,8 +56,18 @@ class Spec:
     name: str
     repeats: int
     base: dict[str, Any]
-    grid: dict[str, list[Any]]
+    grids: tuple[dict[str, list[Any]], ...]  # one [grid], or each [[grid]] of an array
     path: Path
+
+    @property
+    def grid(self) -> dict[str, list[Any]]:
+        """Every grid key with all the values it takes in any grid (labels, tables)."""
+        out: dict[str, list[Any]] = {}
+        for g in self.grids:
+            for k, values in g.items():
+                out.setdefault(k, [])
+                out[k] += [v for v in values if v not in out[k]]
+        return out
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,18 @@ def load_spec(path: str | os.PathLike) -> Spec:
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= 1000:
         raise ConfigError(f"{p}: repeats {repeats!r} must be an integer in 1..1000, e.g. 3")
     base = _section(data, "base", p)
+    tables = data.get("grid", {})
+    if isinstance(tables, list):  # [[grid]] tables: the union of their products
+        if not tables:
+            raise ConfigError(f"{p}: grid is an empty array; add a [[grid]] table or remove it")
+        grids = tuple(_grid({"grid": t}, base, p) for t in tables)
+    else:
+        grids = (_grid(data, base, p),)
+    base = {k: _coerce(k, v, f"{p}: base.{k}") for k, v in base.items()}
+    return Spec(name, repeats, base, grids, p)
+
+
+def _grid(data: Mapping[str, Any], base: Mapping[str, Any], p: Path) -> dict[str, list[Any]]:
     grid = _section(data, "grid", p)
     for key, values in grid.items():
         if not isinstance(values, list):
@@ -102,8 +124,7 @@ def load_spec(path: str | os.PathLike) -> Spec:
         grid[key] = [_coerce(key, v, f"{p}: grid.{key}") for v in values]
         if key in base:
             raise ConfigError(f"{p}: {key} is in both [base] and [grid]; keep one")
-    base = {k: _coerce(k, v, f"{p}: base.{k}") for k, v in base.items()}
-    return Spec(name, repeats, base, grid, p)
+    return grid
 
 
 def _section(data: Mapping[str, Any], section: str, p: Path) -> dict[str, Any]:
@@ -154,12 +175,11 @@ def _coerce(key: str, value: Any, where: str) -> Any:
 
 def expand(spec: Spec, specs: Mapping[str, Any], runs_dir: str) -> tuple[list[Point], list[dict]]:
     """Grid -> validated points (repeat-major) and the skipped duplicate combinations."""
-    keys = list(spec.grid)
     configs: list[tuple[RunConfig, dict[str, Any]]] = []
     seen: dict[str, dict[str, Any]] = {}
     skipped: list[dict[str, Any]] = []
-    for combo in itertools.product(*spec.grid.values()):
-        values = dict(zip(keys, combo, strict=True))
+    combos = (dict(zip(g, combo, strict=True)) for g in spec.grids for combo in itertools.product(*g.values()))
+    for values in combos:
         cfg = _resolve(spec, {**spec.base, **values}, specs, runs_dir)
         digest = _digest(cfg, None)
         if digest in seen:
@@ -179,7 +199,7 @@ def _resolve(spec: Spec, values: dict[str, Any], specs: Mapping[str, Any],
     try:
         return validate(with_overrides(RunConfig(out=runs_dir, quiet=True), **kept), specs)
     except ConfigError as exc:
-        grid = ", ".join(f"{k}={values[k]!r}" for k in spec.grid)
+        grid = ", ".join(f"{k}={v!r}" for k, v in values.items() if k in spec.grid)
         raise ConfigError(f"{spec.path}: point {{{grid}}}: {exc}") from None
 
 
@@ -202,5 +222,6 @@ def spec_hash(spec: Spec) -> str:
 
 def spec_dict(spec: Spec) -> dict[str, Any]:
     """What a spec asks for, as JSON-able data (no path): name, repeats, base, grid."""
+    grids = [{k: list(v) for k, v in g.items()} for g in spec.grids]
     return {"name": spec.name, "repeats": spec.repeats, "base": dict(spec.base),
-            "grid": {k: list(v) for k, v in spec.grid.items()}}
+            "grid": grids[0] if len(grids) == 1 else grids}

@@ -79,7 +79,9 @@ class RingPeer(WorkerBase):
         self._outgoing: Any = None  # channels.Outgoing to the right neighbour (object-store ring)
         self._comm_thread: threading.Thread | None = None  # --overlap: this step's allreduce thread
         sizes = [int(np.prod(s, dtype=np.int64)) for _, s in self.workload.layout]
-        elems = max(1, int(config.ring.bucket_mb * 2**20) // 4)
+        # buckets by logical bytes: a scaled payload (--payload scaled:F) is bucketed as the
+        # gradient it stands for, so overlap and per-bucket latency are those of the real size
+        elems = max(1, int(config.ring.bucket_mb * 2**20 / (4 * self.logical_factor)))
         self.buckets = make_buckets(sizes, elems)
         self.bucket_numels = [sum(sizes[i] for i in b) for b in self.buckets]
         self.algorithm = config.ring.algorithm

@@ -61,6 +61,14 @@ SUMMARY = {
     "worker_iterations": ("", "rows of steps.parquet"),
     "elapsed_s": ("s", "whole run, including Ray and actor start-up and teardown"),
     "startup_s": ("s", "from the start of the run to the first worker iteration"),
+    "startup_ray_s": ("s", "of that: checks and starting (or attaching to) Ray"),
+    "startup_actors_s": ("s", "of that: the run folder, the strategy's actor processes and their wiring"),
+    "startup_first_update_s": ("s", "from the actors being ready to the first model update (real "
+                                    "seconds, not divided by --dilation)"),
+    "first_update_after_launch_s": ("s", "from the `testbed.run` process starting (interpreter, imports) "
+                                         "to the first model update; null in sweeps"),
+    "dilation": ("", "`--dilation` D: the emulated cluster ran D times slower and every time in the "
+                     "records and the summary (start-up and elapsed aside) is divided by D"),
     "train_wall_s": ("s", "first worker iteration's start to the last model update"),
     "samples_per_s": ("samples/s", "samples of applied gradients / `train_wall_s` (compare strategies with this)"),
     "updates_per_s": ("updates/s", "model updates / `train_wall_s`"),
@@ -100,6 +108,11 @@ SUMMARY = {
     "emulation_leak_frac": ("fraction", "emulated network: `emulation_late_s_per_update / "
                                         "predicted_comm_s`, the share of the predicted communication that "
                                         "real per-message cost leaked into; near 0 means the emulator hid it"),
+    "emulation_fidelity": ("ratio", "emulated network: `comm_s_per_step / predicted_comm_s`; 1 is a "
+                                    "perfect emulation"),
+    "fidelity_warning": ("", "emulated network: one line when `emulation_fidelity` is off by more than "
+                             "5% (at least 3 updates), with the fix (a --dilation that would fit); "
+                             "`testbed.run` prints it; null otherwise"),
     "faults": ("", "list of faults and recoveries: `kind` (worker-restart, server-restart, nan-skipped), "
                    "`actor`, `iteration`, `t0`, `time_lost_s`, and kind-specific detail"),
     "rolled_back_updates": ("", "updates undone by a parameter-server rollback (kept aside, not in "

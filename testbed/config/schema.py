@@ -220,6 +220,10 @@ class NetworkConfig:
     bandwidth: str | None = opt(None, metavar="RATE", help="emulate a network: NIC bandwidth, e.g. 10Gbit "
                                 "(default: the real network)")
     latency: str = opt("0us", metavar="TIME", help="emulated one-way latency, e.g. 50us")
+    dilation: float = opt(1.0, metavar="D", check=real(1, 100_000, fix="use a factor >= 1, e.g. 10"),
+                          help="run the emulated cluster D times slower (transfers, latency, "
+                               "synthetic compute, straggler delays) and report every time divided "
+                               "by D, so this machine's own overheads shrink D-fold (README)")
 
     @property
     def emulated(self) -> bool:

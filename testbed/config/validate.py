@@ -85,6 +85,12 @@ def _validate_network(cfg: RunConfig) -> None:
         raise ConfigError(str(exc)) from None
     if n.bandwidth is None and n.latency_s > 0:
         fail("network.latency", n.latency, "emulation needs a bandwidth too; add --bandwidth, e.g. 10Gbit")
+    if n.dilation != 1.0 and n.bandwidth is None:
+        fail("network.dilation", n.dilation, "dilation stretches an emulated network; add --bandwidth, "
+             "e.g. 10Gbit, or drop --dilation")
+    if n.dilation != 1.0 and cfg.workload.name != "synthetic":
+        fail("network.dilation", n.dilation, f"--workload {cfg.workload.name} computes for real and real "
+             "compute cannot be slowed down; use --workload synthetic --compute-ms MS, or drop --dilation")
 
 
 def _validate_workers_named(cfg: RunConfig, servers: int) -> None:

@@ -22,7 +22,9 @@ from testbed.emulation.network import LinkSpec, Nic, sleep_until
 
 class Endpoint:
     def __init__(self, net: NetworkConfig, name: str) -> None:
-        self.nic = Nic(LinkSpec(net.bandwidth_Bps, net.latency_s), name) if net.emulated else None
+        # --dilation D: the emulated cluster runs D times slower (testbed.emulation.dilation)
+        link = LinkSpec(net.bandwidth_Bps / net.dilation, net.latency_s * net.dilation) if net.emulated else None
+        self.nic = Nic(link, name) if link is not None else None
         self.bytes_out = 0
         self.bytes_in = 0
         self.late_s = 0.0  # seconds messages arrived after their emulated delivery

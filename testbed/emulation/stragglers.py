@@ -39,11 +39,12 @@ __all__ = ["StragglerModel", "Stretch"]
 class StragglerModel:
     """Turn specs and a seed into a deterministic extra delay per (worker, iteration)."""
 
-    def __init__(self, specs: tuple[StragglerSpec, ...] | str, seed: int) -> None:
+    def __init__(self, specs: tuple[StragglerSpec, ...] | str, seed: int, dilation: float = 1.0) -> None:
         self.specs = parse_stragglers(specs) if isinstance(specs, str) else tuple(specs)
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed {seed!r}: must be an integer >= 0; e.g. 0")
         self.seed = seed
+        self.dilation = dilation  # additive delays are slept D times longer (--dilation)
 
     def _rng(self, worker: int, iteration: int, index: int) -> np.random.Generator:
         # One generator per draw, keyed by what the draw is for: results do not depend
@@ -86,7 +87,7 @@ class StragglerModel:
 
     def stretch(self, worker: int, iteration: int, *, clock: Callable[[], float] = time.perf_counter,
                 sleep: Callable[[float], None] = time.sleep) -> Stretch:
-        return Stretch(self.factor(worker), self.additive(worker, iteration), clock, sleep)
+        return Stretch(self.factor(worker), self.additive(worker, iteration) * self.dilation, clock, sleep)
 
 
 class Stretch:

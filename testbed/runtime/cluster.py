@@ -314,6 +314,11 @@ def stop_ray() -> None:
     ours = _ray_descendants()
     ray.shutdown()
     _end(ours)
+    release_semaphores(raylets)
+
+
+def release_semaphores(raylets: list[int]) -> None:
+    """Remove the named semaphores these (stopped) raylets left in /dev/shm."""
     for pid in raylets:
         for path in Path("/dev/shm").glob(f"sem.*{pid}-*"):
             if path.name.startswith((f"sem.hdr{pid}-", f"sem.obj{pid}-")):

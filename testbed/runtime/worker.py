@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -61,10 +62,12 @@ class WorkerBase:
         self.config, self.rank, self.device = config, rank, device
         if config.workload.name != "synthetic":
             limit_threads(cpus)
+        dilation = config.network.dilation  # synthetic compute and delays run D times slower
         self.workload = make_workload(
-            config.workload, seed=config.seed, workers=config.workers, device=device
+            replace(config.workload, compute_ms=config.workload.compute_ms * dilation),
+            seed=config.seed, workers=config.workers, device=device
         )
-        self.stragglers = StragglerModel(config.straggler.items, config.seed)
+        self.stragglers = StragglerModel(config.straggler.items, config.seed, dilation=dilation)
         self.actor = f"worker{rank}"
         self.events: list[tuple[str, str, float, float]] = []
         self.endpoint = Endpoint(config.network, self.actor)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ def run_strategy(cfg: RunConfig, *, workdir: str | None = None) -> dict[str, Any
     cluster = Cluster(cfg.cluster, workers=cfg.workers, servers=spec.servers(cfg),
                       torch_workers=cfg.workload.name != "synthetic")
     with cluster, spec.create(cfg, cluster, workdir=workdir) as strategy:
+        rec.dilate(cfg.network.dilation, origin=time.time())
         strategy.run(rec)
         params = strategy.parameters()
         extra = strategy.summary_extra()
@@ -38,7 +40,7 @@ def run_strategy(cfg: RunConfig, *, workdir: str | None = None) -> dict[str, Any
     flat = np.concatenate([np.asarray(v).ravel() for v in params.values()])
     steps = table_frame(rec.steps, STEP_COLUMNS)
     updates = table_frame(rec.updates, UPDATE_COLUMNS)
-    extra = {**rec.extra, **extra}
+    extra = rec.summary_extras(extra)
     # the summary (with the cost model's prediction) as testbed.session writes it to summary.json
     summary = summarize_run(spec, cfg, steps, updates, extra, "completed")
     return {"flat": flat, "params": params, "extra": summary, "summary": summary, "replicas": replicas,

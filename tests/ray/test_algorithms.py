@@ -67,8 +67,8 @@ def test_every_algorithm_on_actors_equals_numpy_sum_and_single_process_sgd(n):
 
 
 def test_hierarchical_strategy_with_emulated_nodes_and_prediction():
-    cfg = make_config(strategy="ring", workers=4,  # the mlp, as in test_equivalence
-                      **{"ring.algorithm": "hierarchical", "ring.node_size": 2,
+    cfg = make_config(strategy="ring", workers=4,
+                      **{**SYNTHETIC, "ring.algorithm": "hierarchical", "ring.node_size": 2,
                          "network.bandwidth": "10Gbit", "network.latency": "50us"})
     out = run_strategy(cfg)
     np.testing.assert_allclose(out["flat"], reference_sgd(cfg), rtol=1e-4, atol=1e-5)

@@ -51,7 +51,11 @@ def test_async_keeps_applying_while_a_worker_restarts():
 
 @pytest.mark.parametrize("strategy", ["mapreduce", "ps-sync", "ps-async"])
 def test_nan_gradient_is_never_applied(strategy):
-    cfg = make_config(strategy=strategy, workers=2, steps=4, **FAST, **{"faults.fail": "nan:worker=1,at=1"})
+    # ps-async: workers run free, so the run must last until worker 1 reaches its iteration 1
+    # whatever the machine's pace (20 updates at 10 ms of compute each, both workers alike)
+    steps, pace = (20, {"workload.compute_ms": 10.0}) if strategy == "ps-async" else (4, {})
+    cfg = make_config(strategy=strategy, workers=2, steps=steps, **{**FAST, **pace},
+                      **{"faults.fail": "nan:worker=1,at=1"})
     out = run_strategy(cfg)
     assert "nan-skipped" in _kinds(out)
     assert np.isfinite(out["flat"]).all()

@@ -7,6 +7,7 @@ import pytest
 import ray
 
 from testbed.allreduce.peer import RingPeer, ring_allreduce, wire_ring
+from testbed.runtime.cluster import release_semaphores
 from tests.conftest import restart_session_ray
 from tests.ray.helpers import make_config
 
@@ -23,9 +24,11 @@ def two_nodes():
         "num_cpus": 1, "resources": {"node_a": 8}, "include_dashboard": False})
     cluster.add_node(num_cpus=1, resources={"node_b": 8})
     ray.init(address=cluster.address, configure_logging=False, log_to_driver=False)
+    raylets = [p.process.pid for node in cluster.list_all_nodes() for p in node.all_processes.get("raylet", [])]
     yield
     ray.shutdown()
     cluster.shutdown()
+    release_semaphores(raylets)  # the channels' semaphores (stop_ray does this for a run's Ray)
     restart_session_ray()  # the rest of the session runs on the usual local Ray
 
 

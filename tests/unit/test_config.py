@@ -135,6 +135,12 @@ BAD = [
      "--straggler", "slowdown:worker=8,factor=2"),
     ("straggler-unknown-kind", {"straggler": "bogus:worker=1"}, "--straggler", "bogus:worker=1"),
     ("straggler-empty", {"straggler": ""}, "--straggler", ""),
+    ("dilation-below-one", {"network.bandwidth": "10Gbit", "workload.name": "synthetic",
+                            "network.dilation": 0.5}, "--dilation", 0.5),
+    ("dilation-without-network", {"workload.name": "synthetic", "network.dilation": 4.0},
+     "--dilation", 4.0),
+    ("dilation-of-real-compute", {"network.bandwidth": "10Gbit", "network.dilation": 4.0},
+     "--dilation", 4.0),
 ]
 
 

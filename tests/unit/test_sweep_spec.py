@@ -177,3 +177,19 @@ def test_sweep_module_still_exports_the_spec_functions():
     from testbed import sweep, sweepspec
 
     assert sweep.load_spec is sweepspec.load_spec and sweep.expand is sweepspec.expand
+
+
+def test_grid_tables_give_the_union_of_their_products(tmp_path):
+    path = tmp_path / "two.toml"
+    path.write_text('[base]\nworkload = "synthetic"\n"network.bandwidth" = "1Gbit"\n'
+                    '[[grid]]\nstrategy = ["ring"]\nworkers = [2, 4]\n"network.dilation" = [10]\n'
+                    '[[grid]]\nstrategy = ["mapreduce"]\nworkers = [2]\n')
+    spec = load_spec(path)
+    points, skipped = expand(spec, SPECS, str(tmp_path / "runs"))
+    got = [(p.config.strategy, p.config.workers, p.config.network.dilation) for p in points]
+    assert got == [("ring", 2, 10.0), ("ring", 4, 10.0), ("mapreduce", 2, 1.0)] and not skipped
+    assert spec.grid == {"strategy": ["ring", "mapreduce"], "workers": [2, 4], "network.dilation": [10.0]}
+    assert isinstance(spec_dict(spec)["grid"], list)
+    path.write_text("grid = []\n[base]\nworkers = 2\n")
+    with pytest.raises(ConfigError, match="empty array"):
+        load_spec(path)

@@ -1,0 +1,119 @@
+"""Time dilation: run the emulated cluster D times slower, report it at its own speed.
+
+Why. On one box every emulated message also costs real work: an actor call or a channel hand-off,
+waking a process, summing a chunk, the driver's round trip per step. With N processes on 2 cores
+that work queues for the CPU, so at N = 32 it can take longer than the emulated transfer it rides
+on, and the measurement drifts from the model (README, "Fidelity at scale"). Dilation stretches
+everything the emulator controls by D and leaves the machine's own costs as they are; dividing
+every measured time by D then gives the emulated cluster's times with this machine's overheads
+D times smaller:
+
+    emulated, on the wire          real (slept)            reported
+    bandwidth B                    B / D                    --
+    latency a                      a * D                    --
+    synthetic compute c            c * D                    c (+ overhead / D)
+    straggler delay d              d * D                    d (+ overhead / D)
+    a step of T emulated seconds   D * T + overhead         T + overhead / D
+
+What cannot be dilated is real compute (a torch model's forward and backward), so dilation is
+refused for real workloads (`testbed.config.validate`). Ray start-up and the run's elapsed time
+are real and are not divided.
+
+Which fields are times: names say it. A key `t_*` or `t0`/`t1` is a wall-clock instant (moved
+towards `origin`, the moment training started); a key ending in `_s` (or `_s_p50`, a percentile
+of one) is a duration (divided); a key ending in `_Bps` or `_per_s` is a rate (multiplied).
+`tests/unit/test_dilation.py` checks that every documented column and strategy summary key
+follows that convention.
+Pure: no Ray, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["FIDELITY_TOLERANCE", "Dilation", "advice", "is_duration", "is_instant", "is_rate"]
+
+
+def is_instant(key: str) -> bool:
+    return key.startswith("t_") or key in ("t0", "t1")
+
+
+def is_duration(key: str) -> bool:
+    return re.fullmatch(r".+_s(_p\d+)?", key) is not None and not is_rate(key)
+
+
+def is_rate(key: str) -> bool:
+    return key.endswith(("_Bps", "_per_s"))
+
+
+class Dilation:
+    """Map real times of a dilated run to the emulated cluster's times."""
+
+    def __init__(self, factor: float, origin: float) -> None:
+        if not factor >= 1.0:
+            raise ValueError(f"dilation {factor!r}: must be >= 1")
+        self.factor, self.origin = float(factor), float(origin)
+
+    def instant(self, t: float) -> float:
+        return self.origin + (t - self.origin) / self.factor
+
+    def duration(self, s: float) -> float:
+        return s / self.factor
+
+    def value(self, key: str, value: Any) -> Any:
+        """One field by its name's unit: instants move, durations shrink, the rest stays."""
+        if value is None or isinstance(value, (bool, str)):
+            return value
+        if is_instant(key):
+            return self.instant(value)
+        scale = 1 / self.factor if is_duration(key) else self.factor if is_rate(key) else None
+        if scale is None:
+            return value
+        if isinstance(value, (list, tuple)):
+            return [v * scale for v in value]
+        return value * scale
+
+    def row(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: self.value(k, v) for k, v in row.items()}
+
+    def extras(self, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """A summary's extras: durations by name, and rows of lists (faults) field by field."""
+        out: dict[str, Any] = {}
+        for k, v in extra.items():
+            if isinstance(v, list) and v and all(isinstance(x, Mapping) for x in v):
+                out[k] = [self.row(x) for x in v]
+            else:
+                out[k] = self.value(k, v)
+        return out
+
+
+FIDELITY_TOLERANCE = 0.05  # measured communication within 5% of the model counts as faithful
+
+
+def advice(measured: float, predicted: float, dilation: float, can_dilate: bool) -> str | None:
+    """One line when measured communication per step is off the model by more than
+    FIDELITY_TOLERANCE, with the fix; None when it is within.
+
+    Above the model, the excess is this machine's own cost per step (real seconds: the excess
+    times the dilation in use). A dilation D' leaves excess * D / D' of it, so the factor that
+    brings it to half the tolerance is D' = D * excess / (tolerance / 2), rounded up.
+    Below the model, no dilation helps: the run is faster than the model says it can be.
+    """
+    if not (predicted > 0) or measured != measured:
+        return None
+    ratio = measured / predicted
+    if abs(ratio - 1) <= FIDELITY_TOLERANCE:
+        return None
+    head = (f"measured communication {measured:.4g} s per step is {ratio:.2f}x the cost model's "
+            f"{predicted:.4g} s (tolerance {FIDELITY_TOLERANCE:.0%})")
+    if ratio < 1:
+        return head + ": the run is faster than the model allows; compare the summary's formula with the schedule"
+    if not can_dilate:
+        return (head + ": this machine's per-message cost shows; real compute cannot be dilated, so use "
+                "--workload synthetic with --compute-ms to study this network, or fewer workers")
+    better = max(2, math.ceil(dilation * (ratio - 1) / (FIDELITY_TOLERANCE / 2)))
+    return (head + f": this machine's own per-message cost adds to the emulated time; rerun with "
+            f"--dilation {better:g} (its emulated time then runs {better / dilation:.3g}x slower)")

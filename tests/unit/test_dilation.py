@@ -1,0 +1,114 @@
+"""Time dilation (testbed.emulation.dilation): what is stretched, what is reported, the advice."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from testbed import registry
+from testbed.analysis import keys
+from testbed.config import NetworkConfig
+from testbed.emulation.dilation import (
+    FIDELITY_TOLERANCE,
+    Dilation,
+    advice,
+    is_duration,
+    is_instant,
+    is_rate,
+)
+from testbed.emulation.endpoint import Endpoint
+from testbed.emulation.stragglers import StragglerModel
+from testbed.records import Recorder, StepRecord, UpdateRecord
+
+
+def test_instants_move_towards_the_origin_and_durations_shrink():
+    d = Dilation(4.0, origin=1000.0)
+    assert d.instant(1000.0) == 1000.0 and d.instant(1008.0) == 1002.0
+    assert d.duration(2.0) == 0.5
+    row = d.row({"t_start": 1004.0, "comm_s": 0.4, "bytes_sent": 10, "loss": 0.5, "algbw_Bps": 1e6,
+                 "allreduce_s_p50": 0.8, "staleness": None, "phase": "recv"})
+    assert row == {"t_start": 1001.0, "comm_s": 0.1, "bytes_sent": 10, "loss": 0.5, "algbw_Bps": 4e6,
+                   "allreduce_s_p50": 0.2, "staleness": None, "phase": "recv"}
+
+
+def test_extras_take_lists_of_durations_and_rows():
+    d = Dilation(2.0, origin=0.0)
+    out = d.extras({"bucket_allreduce_s": [0.2, 0.4], "faults": [{"t0": 10.0, "time_lost_s": 1.0, "actor": "w"}],
+                    "ps_shards": 2, "server_busy_frac": [0.5]})
+    assert out == {"bucket_allreduce_s": [0.1, 0.2], "faults": [{"t0": 5.0, "time_lost_s": 0.5, "actor": "w"}],
+                   "ps_shards": 2, "server_busy_frac": [0.5]}
+
+
+def test_factor_below_one_is_refused():
+    with pytest.raises(ValueError, match="dilation 0.5"):
+        Dilation(0.5, 0.0)
+
+
+def _unit(text: str) -> str:
+    return text.split(":", 1)[0].strip() if ":" in text else ""
+
+
+def test_every_documented_time_is_named_by_the_convention():
+    """Dilation finds times by name; a column or strategy key whose unit is seconds (or an epoch,
+    or a rate) but whose name says otherwise would silently stay undilated."""
+    documented = {**keys.STEP_COLUMNS, **keys.UPDATE_COLUMNS, **keys.EVENT_COLUMNS}
+    named = {k: unit for k, (unit, _) in documented.items()}
+    for spec in registry.SPECS.values():
+        named.update({k: _unit(v) for k, v in spec.summary_keys.items()})
+    for key, unit in named.items():
+        assert is_instant(key) == (unit == "s (epoch)"), (key, unit)
+        assert is_duration(key) == (unit == "s"), (key, unit)
+        assert is_rate(key) == unit.endswith("/s"), (key, unit)
+
+
+def test_recorder_stores_rows_in_the_emulated_clock():
+    rec = Recorder()
+    rec.dilation = Dilation(10.0, origin=100.0)
+    rec.step(StepRecord("r", "ring", 0, 0, 0, 1, 110.0, 1.0, 2.0, 0.5, 8, 8, 4, 0.1, 0, 0.3, 0.2))
+    rec.update(UpdateRecord(1, 120.0, 1, 0, 0.1))
+    rec.event("worker0", "compute", 110.0, 111.0)
+    rec.fault("nan-skipped", "worker0", 0, 130.0, 140.0)
+    s = rec.steps[0]
+    assert (s["t_start"], s["compute_s"], s["comm_s"], s["wait_s"], s["injected_delay_s"], s["late_s"]) == \
+        pytest.approx((101.0, 0.1, 0.2, 0.05, 0.03, 0.02))
+    assert rec.updates[0]["t_applied"] == pytest.approx(102.0)
+    assert (rec.events[0]["t0"], rec.events[0]["t1"]) == pytest.approx((101.0, 101.1))
+    fault = rec.extra["faults"][0]
+    assert (fault["t0"], fault["time_lost_s"]) == pytest.approx((103.0, 1.0))
+    assert rec.first_update_at is not None  # start-up figures use the real clock
+
+
+def test_endpoint_link_is_dilated():
+    net = NetworkConfig(bandwidth="8Gbit", latency="50us", dilation=4.0)
+    link = Endpoint(net, "w").nic.link
+    assert link.bandwidth == pytest.approx(1e9 / 4) and link.latency == pytest.approx(200e-6)
+
+
+def test_additive_straggler_delays_are_slept_dilated_and_slowdowns_stay_factors():
+    model = StragglerModel("fixed:worker=0,delay=100ms;slowdown:worker=0,factor=2", seed=0, dilation=5.0)
+    stretch = model.stretch(0, 0, clock=lambda: 0.0, sleep=lambda s: None)
+    assert stretch.additive == pytest.approx(0.5) and stretch.factor == 2.0
+
+
+def test_advice_is_silent_within_the_tolerance():
+    assert advice(1.0 + FIDELITY_TOLERANCE * 0.9, 1.0, 1.0, True) is None
+    assert advice(1.0 - FIDELITY_TOLERANCE * 0.9, 1.0, 1.0, True) is None
+
+
+@pytest.mark.parametrize(("ratio", "dilation"), [(1.6, 1.0), (5.16, 1.0), (1.2, 25.0), (1.06, 4.0)])
+def test_advised_dilation_brings_the_excess_to_half_the_tolerance(ratio, dilation):
+    """The excess is real seconds (excess x D); at the advised D' it is excess x D / D'."""
+    line = advice(ratio, 1.0, dilation, True)
+    better = float(line.split("--dilation ")[1].split()[0])
+    assert better > dilation
+    assert (ratio - 1) * dilation / better <= FIDELITY_TOLERANCE / 2 + 1e-12
+    assert (ratio - 1) * dilation / (better - 1) > FIDELITY_TOLERANCE / 2 or better == 2
+    assert f"{ratio:.2f}x" in line and "\n" not in line
+
+
+def test_advice_below_the_model_and_for_real_compute_offers_no_dilation():
+    assert "--dilation" not in advice(0.8, 1.0, 1.0, True)
+    line = advice(1.5, 1.0, 1.0, False)
+    assert "--dilation" not in line.split(":", 1)[1] or "cannot be dilated" in line
+    assert advice(math.nan, 1.0, 1.0, True) is None and advice(1.0, 0.0, 1.0, True) is None
