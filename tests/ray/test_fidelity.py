@@ -16,11 +16,13 @@ def test_dilation_stretches_compute_and_network_and_reports_them_undilated():
     d, compute = 4.0, 0.03
     cfg = make_config(strategy="ring", workers=2, steps=4, **{
         "workload.grad_mb": 4.0, "workload.payload": "scaled:0.01", "workload.compute_ms": compute * 1e3,
-        "ring.overlap": False, "network.bandwidth": "1Gbit", "network.latency": "50us",
-        "network.dilation": d})
+        "ring.overlap": False, "ring.bucket_mb": 1.0, "network.bandwidth": "1Gbit",
+        "network.latency": "50us", "network.dilation": d})
     out = run_strategy(cfg)
     s = out["summary"]
     assert s["dilation"] == d
+    # buckets by logical bytes: 8 tensors of 0.5 MiB in 1 MiB buckets (physically all 40 KiB)
+    assert s["buckets"] == 4
     measured = out["steps"]["compute_s"].median()
     # the sleep never ends early; what runs late is real overhead, divided by D as well
     assert compute <= measured < compute * 1.25, measured
