@@ -76,7 +76,7 @@ def ray_cluster():
 # and the suite creates and kills a few hundred actors: with 8, most start from a warm process
 # (the suite runs about a fifth faster). Each worker still gets a share of at most one CPU, as
 # on the real machine, so thread counts and placement are what a run gets.
-SESSION_CPUS = 8
+SESSION_CPUS = 16
 
 
 def restart_session_ray():

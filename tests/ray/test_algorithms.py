@@ -82,15 +82,6 @@ def test_hierarchical_strategy_with_emulated_nodes_and_prediction():
     assert (per_step == 2 * 3 * k).all()
 
 
-def test_halving_doubling_over_torch_transport_matches_sgd():
-    cfg = make_config(strategy="ring", workers=3, steps=3,
-                      **{**SYNTHETIC, "ring.algorithm": "halving-doubling", "ring.transport": "torch"})
-    out = run_strategy(cfg)
-    np.testing.assert_allclose(out["flat"], reference_sgd(cfg), rtol=1e-4, atol=1e-5)
-    for rep in out["replicas"]:
-        np.testing.assert_allclose(rep, out["replicas"][0], rtol=1e-6, atol=1e-7)
-
-
 def test_fp16_is_within_tolerance_of_uncompressed_and_halves_bytes():
     kw = {**SYNTHETIC, "ring.algorithm": "tree"}
     cfg = make_config(strategy="ring", workers=3, compression="fp16", **kw)

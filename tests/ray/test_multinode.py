@@ -7,7 +7,7 @@ import pytest
 import ray
 
 from testbed.allreduce.peer import RingPeer, ring_allreduce, wire_ring
-from testbed.runtime.cluster import release_semaphores
+from testbed.runtime.cluster import release_semaphores, stop_ray
 from tests.conftest import restart_session_ray
 from tests.ray.helpers import make_config
 
@@ -18,8 +18,7 @@ pytestmark = pytest.mark.slow
 def two_nodes():
     from ray.cluster_utils import Cluster
 
-    if ray.is_initialized():
-        ray.shutdown()
+    stop_ray()  # the session's Ray, with what it leaves in /dev/shm
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "resources": {"node_a": 8}, "include_dashboard": False})
     cluster.add_node(num_cpus=1, resources={"node_b": 8})
