@@ -73,9 +73,9 @@ def ray_cluster():
 
 
 # Logical CPUs of the session's Ray. Ray keeps as many idle worker processes warm as it has CPUs,
-# and the suite creates and kills a few hundred actors: with 8, most start from a warm process
-# (the suite runs about a fifth faster). Each worker still gets a share of at most one CPU, as
-# on the real machine, so thread counts and placement are what a run gets.
+# and the suite creates and kills a few hundred actors: with 16, most start from a warm process
+# started while other tests sleep (emulated transfers, timeouts). Each worker still gets a share
+# of at most one CPU, as on the real machine, so thread counts and placement are what a run gets.
 SESSION_CPUS = 16
 
 

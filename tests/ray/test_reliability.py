@@ -98,7 +98,7 @@ def finish(proc: subprocess.Popen, timeout: float = 60, seen: set[int] | None = 
 SIGNALS = {
     "SIGTERM-group-run": (signal.SIGTERM, True, "run", False),      # a batch scheduler, kill -- -PGID
     "SIGINT-process-run-twice": (signal.SIGINT, False, "run", True),  # Ctrl-C, again a quarter second later
-    "SIGHUP-group-run": (signal.SIGHUP, True, "run", False),        # the terminal closed
+    # (SIGHUP, the terminal closing, takes the same handler: tests/unit/test_reliability.py)
     "SIGINT-group-start": (signal.SIGINT, True, 2.0, False),        # Ctrl-C while Ray starts
     "SIGTERM-process-start": (signal.SIGTERM, False, 3.0, False),   # kill PID while Ray starts
 }
