@@ -40,7 +40,8 @@ from testbed.emulation.dilation import advice
 from testbed.emulation.faults import Diverged, NonFiniteGradient, RestartsExhausted, ServerLost
 from testbed.interrupts import INTERRUPTS, Interrupts
 from testbed.records import STEP_COLUMNS, UPDATE_COLUMNS, Recorder
-from testbed.runtime.cluster import Cluster, RayMessages, end_ray_processes
+from testbed.runtime.cluster import Cluster
+from testbed.runtime.rayprocs import RayMessages, end_ray_processes
 from testbed.strategy import NotModelled, StrategySpec
 
 SHUTDOWN_S = 60.0  # stopping the actors and Ray after a run that ended normally

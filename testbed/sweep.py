@@ -129,7 +129,7 @@ def run_point(point: Point, runs_dir: Path) -> dict[str, Any]:
 
 def _start_ray(points: list[Point]) -> bool:
     """Start (or attach to) one Ray for the whole sweep; True if this call started it."""
-    from testbed.runtime.cluster import start_ray
+    from testbed.runtime.rayprocs import start_ray
 
     addresses = {p.config.cluster.address for p in points}
     if len(addresses) > 1:
@@ -309,7 +309,7 @@ def _done(record: dict[str, Any] | None, sweep_dir: Path) -> bool:
 def _finish(spec: Spec, points: list[Point], todo: list[Point], skipped: list[dict],
             sweep_dir: Path, families: Mapping[str, str], quiet: bool) -> int:
     from testbed.interrupts import INTERRUPTS
-    from testbed.runtime.cluster import stop_ray
+    from testbed.runtime.rayprocs import stop_ray
 
     started, complete = False, True
     with INTERRUPTS as interrupts:

@@ -65,7 +65,7 @@ def ray_cluster():
     """One local Ray for the session (dashboard off, token auth on, explicit CPUs), started by
     the same code a run uses. A test that needs another cluster shuts this one down and calls
     `restart_session_ray()` when it is done."""
-    from testbed.runtime.cluster import start_ray, stop_ray
+    from testbed.runtime.rayprocs import start_ray, stop_ray
 
     start_ray(None, num_cpus=SESSION_CPUS)
     yield
@@ -80,6 +80,6 @@ SESSION_CPUS = 16
 
 
 def restart_session_ray():
-    from testbed.runtime.cluster import start_ray
+    from testbed.runtime.rayprocs import start_ray
 
     start_ray(None, num_cpus=SESSION_CPUS)

@@ -7,7 +7,7 @@ import pytest
 import ray
 
 from testbed.allreduce.peer import RingPeer, ring_allreduce, wire_ring
-from testbed.runtime.cluster import release_semaphores, stop_ray
+from testbed.runtime.rayprocs import release_semaphores, stop_ray
 from tests.conftest import restart_session_ray
 from tests.ray.helpers import make_config
 

@@ -144,10 +144,10 @@ def test_update_baseline_measures_afresh_and_refuses_failed_runs(tmp_path, capsy
     ('"ps.shard" = [2]', "grid.ps.shard"),
 ])
 def test_bad_spec_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, grid, needle):
-    from testbed.runtime import cluster
+    from testbed.runtime import rayprocs
 
     started = []
-    monkeypatch.setattr(cluster, "start_ray", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(rayprocs, "start_ray", lambda *a, **k: started.append(a))
     spec = tmp_path / "bad.toml"
     spec.write_text(SPEC.split("[grid]")[0] + f"[grid]\n{grid}\n")
     assert main([str(spec), "--out", str(tmp_path)]) == 2

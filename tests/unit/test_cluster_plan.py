@@ -55,7 +55,7 @@ def test_explicit_cpu_share_beyond_the_cluster_is_an_error():
 def test_unreachable_address_fails_fast():
     import time
 
-    from testbed.runtime.cluster import check_reachable
+    from testbed.runtime.rayprocs import check_reachable
 
     t0 = time.monotonic()
     with pytest.raises(ConfigError, match="--address '127.0.0.1:1'"):

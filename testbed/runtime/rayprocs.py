@@ -1,0 +1,263 @@
+"""Ray's own processes for this process: start or attach, route their messages, stop them and
+end what outlives them. The only `ray.init` and `ray.shutdown` of the package (`cluster.py`
+places a run's actors on what this starts).
+
+Embedded mode (no --address, no RAY_ADDRESS) starts a private local Ray with the dashboard off
+and token authentication left on. Ray 2.60 offers no loopback-only binding (it resolves
+127.0.0.1 to the node's address and its gRPC servers listen on every interface), so the token
+is what guards the local instance; we never turn it off. With --address (or RAY_ADDRESS) the same
+code attaches to a running cluster and never makes this node listen anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import tempfile
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from testbed.config import ConfigError
+
+AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + empty SETTINGS
+
+
+def check_reachable(address: str, timeout: float = 3.0) -> None:
+    """Fail fast where ray.init would retry for minutes: a Ray head is a gRPC (HTTP/2) server, so
+    it answers a connection preface with a SETTINGS frame at once; anything else is named."""
+    if address == "auto":
+        return
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"--address {address!r}: use 'auto' or HOST:PORT of a running Ray head")
+    try:
+        conn = socket.create_connection((host, int(port)), timeout=timeout)
+    except OSError as exc:
+        raise ConfigError(f"--address {address!r}: nothing answers there ({exc.strerror or exc}); "
+                          "start a head with 'ray start --head' or drop --address") from None
+    head: bytes | None = None
+    seen = "no answer"
+    with conn:
+        try:
+            conn.settimeout(timeout)
+            conn.sendall(HTTP2_PREFACE)
+            head = conn.recv(9)
+        except TimeoutError:
+            pass
+        except OSError as exc:
+            seen = f"the connection was dropped: {exc.strerror or exc}"
+    if not head or len(head) < 4 or head[3] != 0x04:
+        seen = seen if not head else f"an answer that is not HTTP/2 ({head[:9]!r})"
+        raise ConfigError(f"--address {address!r}: something listens there but it is not a Ray head "
+                          f"({seen} to a gRPC handshake); give the head's GCS address (ray start --head "
+                          "prints it) or drop --address")
+
+
+@contextmanager
+def _stderr_to(path: str):
+    """Send this process's fd 2 (where Ray's C++ client logs its retries) to a file meanwhile."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@contextmanager
+def _keep_our_sigterm():
+    """ray.init replaces the process's SIGTERM handler with one that exits on the spot, midway
+    through starting the cluster (testbed.interrupts owns the signals: a run saves what it
+    measured and stops Ray in order). Keep Ray from installing it while it starts. (It cannot
+    start on another thread instead: its daemons die with the thread that started them.)"""
+    import ray._private.utils as ray_utils
+
+    original = getattr(ray_utils, "set_sigterm_handler", None)
+    if original is None:  # a Ray without it: nothing to keep off
+        yield
+        return
+    ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = original
+
+
+class RayMessages:
+    """Where the messages Ray's raylet sends the driver go (a worker died, a node is short of
+    memory, ...). Ray prints them on stdout, which belongs to testbed (`--quiet` prints only the
+    run folder there); a run sends them to its folder (ray.log), anything else to stderr, one line
+    each. The errors of a worker's task reach the run as exceptions anyway, so Ray's reprint of
+    an error nobody fetched is switched off (RAY_IGNORE_UNHANDLED_ERRORS)."""
+
+    path: Path | None = None
+
+    @classmethod
+    def to(cls, path: Path | None) -> None:
+        cls.path = path
+
+    @classmethod
+    def write(cls, data: dict[str, Any], ignore_prefix: bool = False) -> None:
+        lines = [ln for ln in data.get("lines", []) if ln.strip()]
+        source = data.get("pid", "ray")
+        if cls.path is not None:
+            try:
+                with open(cls.path, "a", encoding="utf-8") as fh:
+                    fh.writelines(f"({source}) {ln}\n" for ln in lines)
+                return
+            except OSError:
+                pass
+        for ln in lines:
+            print(f"ray ({source}): {ln[:300]}", file=sys.stderr)
+
+    @classmethod
+    def install(cls) -> None:
+        import ray._private.worker as ray_worker
+
+        os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
+        ray_worker.print_to_stdstream = cls.write  # the raylet-message thread prints through it
+
+
+def start_ray(address: str | None, *, flag: str = "--address", num_cpus: int | None = None) -> bool:
+    """Start a private local Ray (address None and no RAY_ADDRESS) or attach to a running one;
+    return True if this call started or attached it (the caller then stops it), False if Ray was
+    already up in this process. The only place Ray is started.
+
+    Private means private: `address="local"`, so a `ray start --head` elsewhere on the machine is
+    never joined by accident. Token authentication stays on, Ray's default for a new local
+    cluster; the notice Ray logs about it (how to turn it off) is not printed. Workers' output
+    stays in Ray's log files (`log_to_driver=False`), so stdout holds what testbed prints.
+    Attaching captures Ray's client log while it connects, to name a refused token in one line.
+    Ray's messages to the driver go where `RayMessages` says.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    logging.getLogger(AUTH_LOGGER).setLevel(logging.ERROR)
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    common = {"include_dashboard": False, "configure_logging": False, "log_to_driver": False}
+    RayMessages.install()
+    if address is None:
+        _become_subreaper()
+        with _keep_our_sigterm():
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **common)
+        return True
+    check_reachable(address)
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "ray-connect.log")
+        try:
+            with _stderr_to(log), _keep_our_sigterm():
+                ray.init(address=address, **common)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            said = Path(log).read_text(errors="replace")
+            if "InvalidAuthToken" in said or "Unauthenticated" in said:
+                raise ConfigError(f"{flag} {address!r}: the Ray cluster there refused this machine's "
+                                  "authentication token; set RAY_AUTH_TOKEN (or ~/.ray/auth_token) to "
+                                  "that cluster's token (ray get-auth-token on its head)") from None
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"{flag} {address!r}: cannot reach Ray there ({first[:160]}); start a "
+                              "head with 'ray start --head' or drop the address") from None
+    return True
+
+
+RAY_PROCESS = ("raylet", "gcs_server", "default_worker.py", "ray::", "dashboard", "runtime_env",
+               "log_monitor", "monitor.py")
+
+
+def _become_subreaper() -> None:
+    """Linux: let the processes of the Ray this process starts stay its descendants even when
+    their parent dies first (a signal to the process group takes the raylet, whose agents would
+    otherwise be adopted by init and outlive the run by a minute), so `stop_ray` can end them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _ray_descendants() -> dict[int, str]:
+    """This process's descendants that are Ray's: {pid: command line}."""
+    parent, cmd = {}, {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                parent[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmd[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, pp in parent.items() if pp in frontier} - found
+        found |= frontier
+    return {pid: cmd.get(pid, "") for pid in found if any(k in cmd.get(pid, "") for k in RAY_PROCESS)}
+
+
+def _end(pids: dict[int, str], grace: float = 2.0) -> None:
+    """What is left of them after Ray's own shutdown: SIGTERM, a moment, SIGKILL, and reap."""
+    import signal
+    import time
+
+    left = [pid for pid in pids if _pid_alive(pid)]
+    for pid in left:
+        with suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while (left := [pid for pid in left if _pid_alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        with suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:  # adopted orphans are ours to reap (Ray's own children it reaps itself)
+        with suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def end_ray_processes() -> None:
+    """Ray cannot be stopped in order (its daemons are gone, or it would not stop in time): end
+    the processes of it that this process started, before leaving without it."""
+    _end(_ray_descendants(), grace=1.0)
+
+
+def stop_ray() -> None:
+    """Shut down the Ray this process started; end whatever of it outlives that (a raylet killed
+    by a signal leaves its agents); remove the named semaphores its raylet left in /dev/shm
+    (Ray never unlinks those of its shared-memory channels: two per ring link)."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    node = getattr(ray._private.worker, "_global_node", None)
+    raylets = [p.process.pid for p in (getattr(node, "all_processes", None) or {}).get("raylet", [])]
+    ours = _ray_descendants()
+    ray.shutdown()
+    _end(ours)
+    release_semaphores(raylets)
+
+
+def release_semaphores(raylets: list[int]) -> None:
+    """Remove the named semaphores these (stopped) raylets left in /dev/shm."""
+    for pid in raylets:
+        for path in Path("/dev/shm").glob(f"sem.*{pid}-*"):
+            if path.name.startswith((f"sem.hdr{pid}-", f"sem.obj{pid}-")):
+                path.unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Running (a dead daemon stays a zombie until its parent, this process, reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
