@@ -22,7 +22,10 @@ def pytest_collection_modifyitems(config, items):
         if HERE / "ray" in Path(item.fspath).parents:
             item.add_marker(pytest.mark.ray)
             if "own_ray" not in item.keywords:
-                item.fixturenames.insert(0, "ray_cluster")  # every Ray test shares the session's Ray
+                item.fixturenames.insert(0, "ray_up")  # every Ray test shares the session's Ray
+    # the two-node test takes the session's Ray down: run it last, so nothing has to start it again
+    last = [item for item in items if item.nodeid.startswith("tests/ray/test_multinode.py")]
+    items[:] = [item for item in items if item not in last] + last
     if not any("gpu" in item.keywords for item in items):
         return
     try:
@@ -70,6 +73,15 @@ def ray_cluster():
     start_ray(None, num_cpus=SESSION_CPUS)
     yield
     stop_ray()
+
+
+@pytest.fixture
+def ray_up(ray_cluster):
+    """The session's Ray, started again if a test before took it down (test_multinode)."""
+    import ray
+
+    if not ray.is_initialized():
+        restart_session_ray()
 
 
 # Logical CPUs of the session's Ray. Ray keeps as many idle worker processes warm as it has CPUs,

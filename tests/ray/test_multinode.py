@@ -8,7 +8,6 @@ import ray
 
 from testbed.allreduce.peer import RingPeer, ring_allreduce, wire_ring
 from testbed.runtime.rayprocs import release_semaphores, stop_ray
-from tests.conftest import restart_session_ray
 from tests.ray.helpers import make_config
 
 pytestmark = pytest.mark.slow
@@ -28,7 +27,8 @@ def two_nodes():
     ray.shutdown()
     cluster.shutdown()
     release_semaphores(raylets)  # the channels' semaphores (stop_ray does this for a run's Ray)
-    restart_session_ray()  # the rest of the session runs on the usual local Ray
+    # the session's Ray is started again only if a test still needs it (conftest.ray_up); this
+    # test runs last, so usually none does
 
 
 @ray.remote
