@@ -73,7 +73,7 @@ def execute(cfg: RunConfig, *, run_id: str | None = None, launched: float | None
 
     spec = registry.SPECS[cfg.strategy]
     cluster = Cluster(cfg.cluster, workers=cfg.workers, servers=spec.servers(cfg),
-                      torch_workers=cfg.workload.name != "synthetic")
+                      torch_workers=cfg.workload.real_compute)
     with INTERRUPTS as interrupts:
         return _execute(spec, cfg, cluster, run_id or new_run_id(cfg.strategy, cfg.workers), interrupts, launched)
 
@@ -296,7 +296,7 @@ def predictions(spec: StrategySpec, cfg: RunConfig, summary: dict[str, Any], ste
     except NotModelled as exc:
         out["prediction_missing"] = str(exc)
         return out
-    if cfg.workload.name == "synthetic":
+    if not cfg.workload.real_compute:
         compute, source = cfg.workload.compute_ms / 1000.0, "--compute-ms"
     else:  # a real model's compute is what it measured: the model explains communication
         compute, source = float(slowest_compute(steps).median()), "measured"
@@ -306,7 +306,7 @@ def predictions(spec: StrategySpec, cfg: RunConfig, summary: dict[str, Any], ste
                 "emulation_leak_frac": late / pred.comm_s if pred.comm_s > 0 else None})
     out["emulation_fidelity"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None
     out["fidelity_warning"] = (advice(out["comm_s_per_step"], pred.comm_s, cfg.network.dilation,
-                                      cfg.workload.name == "synthetic") if len(updates) >= 3 else None)
+                                      not cfg.workload.real_compute) if len(updates) >= 3 else None)
     out.update({"predicted_comm_s": pred.comm_s, "predicted_step_s": compute + pred.comm_s,
                 "predicted_compute_s": compute, "predicted_compute_source": source,
                 "formula": pred.formula,

@@ -164,6 +164,12 @@ class WorkloadConfig:
     def __post_init__(self) -> None:
         _parse_fields(self)
 
+    @property
+    def real_compute(self) -> bool:
+        """A torch model computes for real (imports torch, cannot be dilated, its compute time is
+        measured); the synthetic workload sleeps a set compute time."""
+        return self.name != "synthetic"
+
 
 @dataclass(frozen=True)
 class ClusterConfig:
@@ -297,7 +303,7 @@ class RunConfig:
     @property
     def grad_bytes_logical(self) -> int | None:
         """Logical gradient bytes of the synthetic workload (None for real models)."""
-        if self.workload.name != "synthetic":
+        if self.workload.real_compute:
             return None
         return int(self.workload.grad_mb * 2**20)
 

@@ -71,7 +71,7 @@ def validate(cfg: RunConfig, specs: Mapping[str, Any]) -> RunConfig:
 
 
 def _validate_workload(cfg: RunConfig) -> None:
-    if cfg.workload.payload.scale != 1.0 and cfg.workload.name != "synthetic":
+    if cfg.workload.payload.scale != 1.0 and cfg.workload.real_compute:
         fail("workload.payload", cfg.workload.payload, "only the synthetic workload has a scalable payload")
 
 
@@ -88,7 +88,7 @@ def _validate_network(cfg: RunConfig) -> None:
     if n.dilation != 1.0 and n.bandwidth is None:
         fail("network.dilation", n.dilation, "dilation stretches an emulated network; add --bandwidth, "
              "e.g. 10Gbit, or drop --dilation")
-    if n.dilation != 1.0 and cfg.workload.name != "synthetic":
+    if n.dilation != 1.0 and cfg.workload.real_compute:
         fail("network.dilation", n.dilation, f"--workload {cfg.workload.name} computes for real and real "
              "compute cannot be slowed down; use --workload synthetic --compute-ms MS, or drop --dilation")
 

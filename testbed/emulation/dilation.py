@@ -67,14 +67,13 @@ class Dilation:
         """One field by its name's unit: instants move, durations shrink, the rest stays."""
         if value is None or isinstance(value, (bool, str)):
             return value
+        if isinstance(value, (list, tuple)):
+            return [self.value(key, v) for v in value]
         if is_instant(key):
             return self.instant(value)
-        scale = 1 / self.factor if is_duration(key) else self.factor if is_rate(key) else None
-        if scale is None:
-            return value
-        if isinstance(value, (list, tuple)):
-            return [v * scale for v in value]
-        return value * scale
+        if is_duration(key):
+            return self.duration(value)
+        return value * self.factor if is_rate(key) else value
 
     def row(self, row: Mapping[str, Any]) -> dict[str, Any]:
         return {k: self.value(k, v) for k, v in row.items()}
