@@ -2,6 +2,7 @@
 
     python -m testbed.sweep experiments/scaling.toml [--out results/sweeps] [--quiet]
     python -m testbed.sweep experiments/regression.toml --update-baseline [--baseline PATH]
+    python -m testbed.sweep experiments/regression.toml --check [--baseline PATH]
 
 Spec (keys are RunConfig field names; sub-configs as dotted keys or tables; `workload` alone
 is the workload name; the string "none" is None for optional keys such as ps.staleness_bound):
@@ -41,15 +42,24 @@ Spec parsing and grid expansion live in `testbed.sweepspec`; the table's I/O in
 `testbed.analysis.results` and `testbed.analysis.plots` (`load_table` and `run_tables` are
 importable from here too).
 
---update-baseline runs every point afresh (earlier run folders are kept, not reused) and, if
-all completed and the curves follow the cost model, writes the step-time ratios to --baseline
-(default results/baselines/scaling.json), the committed baseline CI compares against
-(`testbed.analysis.baseline`; format in results/README.md). Only this flag writes a baseline.
+--update-baseline runs every point afresh (earlier run folders are kept, not reused), with
+`--repeats` repeats (default: the spec's, at least 5; a baseline needs 3 to measure each
+point's spread) and, if all completed and the curves follow the cost model, writes the step-time
+ratios, their spread and the provenance to --baseline (default results/baselines/scaling.json;
+`testbed.analysis.baseline`, format in results/README.md). Only this flag writes a baseline.
+
+--check runs every point afresh with the spec's repeats and compares each curve with the
+baseline and the cost model (`testbed.analysis.regression`): it prints the table, writes
+regression.json, regression.md and regression.png into the sweep folder, and exits 0 when every
+point is within its band, 1 on drift (or a run that failed), 2 on bad input: no baseline, a spec
+that changed since the baseline was measured, or a real-network baseline measured on another
+machine class (unless --allow-machine-change); all of that is refused before Ray starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -60,6 +70,7 @@ from typing import Any
 
 import pandas as pd
 
+from testbed.analysis.baseline import BASELINE_REPEATS, MIN_REPEATS
 from testbed.analysis.plots import run_tables
 from testbed.analysis.results import arrow_safe, load_table, summary_columns, write_sweep_table
 from testbed.config import ConfigError
@@ -203,8 +214,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quiet", action="store_true", help="no progress bar; print only the folder")
     p.add_argument("--update-baseline", action="store_true",
                    help="after a fully completed sweep, write its step-time ratios to --baseline")
+    p.add_argument("--check", action="store_true",
+                   help="run afresh and compare every curve with --baseline and the cost model; "
+                        "exit 1 on drift")
     p.add_argument("--baseline", default=DEFAULT_BASELINE, metavar="PATH",
-                   help=f"baseline file written by --update-baseline (default {DEFAULT_BASELINE})")
+                   help=f"baseline file that --update-baseline writes and --check reads "
+                        f"(default {DEFAULT_BASELINE})")
+    p.add_argument("--allow-machine-change", action="store_true",
+                   help="--check a real-network baseline measured on another machine class")
+    p.add_argument("--repeats", type=int, default=None, metavar="N",
+                   help="repeats of every point, instead of the spec's (--update-baseline: at least "
+                        f"{MIN_REPEATS}, default {BASELINE_REPEATS})")
     p.add_argument("--yes", action="store_true",
                    help=f"run a grid of more than {ASK_ABOVE_POINTS} runs without asking")
     return p.parse_args(argv)
@@ -215,31 +235,71 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = _parse(argv)
-        spec = load_spec(args.spec)
+        spec = _repeats(load_spec(args.spec), args)
+        reference = _baseline_for_check(spec, args) if args.check else None
         sweep_dir = Path(args.out) / spec.name
         families = registry.families()
         points, skipped = expand(spec, registry.SPECS, str(sweep_dir / "runs"))
         _check_size(points, args.yes, args.quiet)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         with SweepLock(sweep_dir, spec):
-            return _main(args, spec, sweep_dir, families, points, skipped)
+            return _main(args, spec, sweep_dir, families, points, skipped, reference)
     except (ConfigError, OSError) as exc:
         print(f"testbed.sweep: error: {exc}", file=sys.stderr)
         return 2
 
 
+def _repeats(spec: Spec, args: argparse.Namespace) -> Spec:
+    """The spec with --repeats applied (and a baseline's minimum); ConfigError before Ray."""
+    if args.check and args.update_baseline:
+        raise ConfigError("--check and --update-baseline: pick one (measure a baseline, or check "
+                          "against one)")
+    n = args.repeats
+    if n is not None and not 1 <= n <= 1000:
+        raise ConfigError(f"--repeats {n}: must be an integer in 1..1000, e.g. {BASELINE_REPEATS}")
+    if args.update_baseline:
+        n = max(BASELINE_REPEATS, spec.repeats) if n is None else n
+        if n < MIN_REPEATS:
+            raise ConfigError(f"--repeats {n}: a baseline needs at least {MIN_REPEATS} repeats to "
+                              f"measure each point's spread; use --repeats {BASELINE_REPEATS}")
+    return spec if n is None else dataclasses.replace(spec, repeats=n)
+
+
+def _baseline_for_check(spec: Spec, args: argparse.Namespace) -> dict[str, Any]:
+    """The baseline --check compares with, refused before Ray if it cannot apply here."""
+    from testbed.analysis.baseline import load_baseline, machine_change
+    from testbed.analysis.results import provenance
+
+    try:
+        data = load_baseline(args.baseline)
+    except ValueError as exc:
+        raise ConfigError(f"--baseline {exc}") from None
+    if data["spec_identity"] != spec_hash(spec):
+        raise ConfigError(f"--baseline {args.baseline} was measured with another spec than {args.spec} "
+                          f"(spec {data['spec_identity']}, this one {spec_hash(spec)}); refresh it: "
+                          f"python -m testbed.sweep {args.spec} --update-baseline --baseline {args.baseline}")
+    change = machine_change(data, provenance())
+    if change and not args.allow_machine_change:
+        raise ConfigError(f"--baseline {args.baseline} holds real-network curves of another machine "
+                          f"class ({change}); measure a baseline on this machine with --update-baseline, "
+                          "or pass --allow-machine-change")
+    return data
+
+
 def _main(args: argparse.Namespace, spec: Spec, sweep_dir: Path, families: Mapping[str, str],
-          points: list[Point], skipped: list[dict]) -> int:
+          points: list[Point], skipped: list[dict], reference: dict[str, Any] | None) -> int:
     records = read_points(sweep_dir / "points.jsonl")
     for s in skipped:  # recorded once, so points.jsonl says why a combination did not run
         sid = hashlib.sha256(json.dumps(s["values"], sort_keys=True).encode()).hexdigest()[:12]
         if sid not in records:
             _append(sweep_dir / "points.jsonl", {"id": sid, "status": "skipped", **s})
-    fresh = args.update_baseline  # a baseline is measured now, by this code, not from old runs
+    fresh = args.update_baseline or args.check  # measured now, by this code, not from old runs
     todo = [p for p in points if fresh or not _done(records.get(p.point_id), sweep_dir)]
     code = _finish(spec, points, todo, skipped, sweep_dir, families, args.quiet)
     if args.update_baseline:
         code = _update_baseline(spec, sweep_dir, Path(args.baseline), code, args.quiet)
+    elif reference is not None and code != 130:
+        code = check_sweep(spec, sweep_dir, reference, args.baseline, args.quiet)
     return code
 
 
@@ -370,7 +430,10 @@ def _update_baseline(spec: Spec, sweep_dir: Path, path: Path, code: int, quiet: 
     from testbed.analysis import baseline
     from testbed.analysis.results import provenance
 
-    meta = {"spec": spec_dict(spec), "spec_file": str(spec.path), "machine": provenance()}
+    meta = {"spec": spec_dict(spec), "spec_file": str(spec.path), "provenance": provenance()}
+    if meta["provenance"].get("git_dirty"):
+        print(f"testbed.sweep: warning: the tree has uncommitted changes; {path} records that "
+              "(commit first, then measure, for a baseline others can trace)", file=sys.stderr)
     try:
         data = baseline.write_baseline(path, baseline.load_sweep(sweep_dir), meta)
     except (ValueError, OSError) as exc:
@@ -380,6 +443,30 @@ def _update_baseline(spec: Spec, sweep_dir: Path, path: Path, code: int, quiet: 
         print("\n".join(baseline.describe(data)))
     print(path)
     return 0
+
+
+def check_sweep(spec: Spec, sweep_dir: Path, data: Mapping[str, Any], baseline_path: str | os.PathLike,
+                quiet: bool, table: pd.DataFrame | None = None) -> int:
+    """Compare the sweep's curves (or TABLE's) with DATA; write the report; 0 pass, 1 drift."""
+    from testbed.analysis import baseline, regression
+    from testbed.analysis.results import provenance
+
+    table = baseline.load_sweep(sweep_dir) if table is None else table
+    try:
+        measured = baseline.curve_ratios(table)
+    except ValueError as exc:
+        print(f"testbed.sweep: error: {exc}", file=sys.stderr)
+        return 1
+    rows = regression.check(measured, data)
+    context = {"spec_name": spec.name, "spec_identity": spec_hash(spec), "repeats": spec.repeats,
+               "baseline_path": str(baseline_path), "provenance": provenance()}
+    report = regression.write_report(sweep_dir, rows, data, context)
+    if not quiet:
+        print(regression.text_table(rows))
+    for line in report["failures"]:
+        print(f"testbed.sweep: regression: {line}", file=sys.stderr)
+    print(sweep_dir / "regression.md")
+    return 0 if report["passed"] else 1
 
 
 if __name__ == "__main__":

@@ -216,8 +216,12 @@ def flat_config(cfg: RunConfig) -> dict[str, Any]:
 
 
 def spec_hash(spec: Spec) -> str:
-    """A spec's identity (what it asks for, not its file): a sweep folder holds one spec's runs."""
-    return hashlib.sha256(json.dumps(spec_dict(spec), sort_keys=True, default=str).encode()).hexdigest()[:12]
+    """A spec's identity (what it measures, not its file, nor how many repeats: repeat r of a
+    point is the same run whatever `repeats` says): a sweep folder holds one spec's runs, and a
+    baseline the curves of one spec."""
+    from testbed.analysis.baseline import spec_identity
+
+    return spec_identity(spec_dict(spec))
 
 
 def spec_dict(spec: Spec) -> dict[str, Any]:

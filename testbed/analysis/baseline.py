@@ -1,26 +1,39 @@
-"""CI regression of scaling curves: step-time ratios against a committed baseline. No Ray.
+"""Scaling-curve baselines: step-time ratios, their measured spread, provenance. No Ray.
 
-A scaling curve is one strategy's step time as a function of the worker count N. CI checks its
-*shape*, never absolute seconds (DESIGN section 9): at every N the ratio T(N)/T(N0) to the
-smallest N0 of the sweep, per strategy, with T the median over repeats of each run's shortest
-interval between model updates (`step_time_min_s`, read from the run folders by `load_sweep`).
+A scaling curve is one strategy's step time as a function of the worker count N. A regression
+check compares its *shape*, never absolute seconds (DESIGN section 9): at every N the ratio
+T(N)/T(N0) to the smallest N0 of the sweep, per strategy, with T each run's shortest interval
+between model updates (`step_time_min_s`, read from the run folders by `load_sweep`).
 The shortest, not the mean or the median: emulated transfers are sleeps, and other processes on
 the machine can only make a step longer, never shorter, so the minimum is the best estimate of
 the uncontended step time (the reasoning behind timeit's min). It also leaves out the first
 interval's actor warm-up (a few hundred ms on the parameter server, the same at every N).
 
-Two checks, both with one relative tolerance (`DEFAULT_TOLERANCE` = 0.15, stored in the baseline
-file, which is what CI uses):
-- against the committed baseline (results/baselines/scaling.json): did a curve move?
-- against the alpha-beta cost model's own ratio (`predicted_step_s`): does the measurement
-  still follow the theory it is meant to illustrate?
-Why 15%: with the network emulated (experiments/regression.toml), transfers are sleeps of a
-known length that dwarf the real overheads, so ratios repeat within a few percent from run to
-run and machine to machine. The largest real overhead is ring allreduce's: 2(N-1) small
-messages per step, each paying a Ray call (a few ms, more on a loaded 2-core machine), which
-pushes its T(8)/T(2) above the model's 1.75. 15% leaves room for that and for a busy CI
-runner, while a real regression (a lost overlap, a serialised transfer, an extra round trip)
-moves a ratio by far more: mapreduce and ps-sync grow ~linearly in N, ring stays ~flat.
+Ratios are formed within one repeat (repeat r of every point runs before repeat r+1, so the
+runs of one repeat are close in time) and a curve's ratio at N is the median over repeats.
+
+How far a ratio may drift (the band), from what the baseline itself measured:
+
+    band(s, N) = max(BAND_FLOOR, BAND_FACTOR * spread(s, N))
+    spread     = standard deviation of the repeats' ratios / their median   (ddof = 1)
+
+A baseline is measured with at least MIN_REPEATS repeats (`--update-baseline` runs
+BASELINE_REPEATS unless told otherwise), so every point has a spread; the check itself may run
+one repeat. BAND_FACTOR = 4: one new ratio against the median of the baseline's repeats
+differs by about 1.1-1.3 standard deviations when nothing changed, and a standard deviation
+estimated from a handful of repeats can be half the true one. BAND_FLOOR = 5%: what a ratio
+can move from one machine to another although the code did not change (the real cost of a
+message, ~0.1-1 ms, is a few percent of an emulated step after dilation; see
+experiments/regression.toml), and far below what a real regression does to a curve (an extra
+round trip, a serialised transfer or a lost overlap moves a ratio by tens of percent).
+
+Beside the baseline, every curve of an emulated sweep is compared with the alpha-beta cost
+model's own ratio (`predicted_step_s`), within MODEL_TOLERANCE = 15%: the model leaves out the
+real per-message costs that the emulator adds on top of its sleeps (largest for the ring: 2(N-1)
+messages per step), so the measurement may sit a few percent off the theory, but a curve that
+leaves the theory by more no longer illustrates what it is meant to. A real-network sweep (no
+`network.bandwidth`) has no model ratio; its curves depend on the machine, so a baseline of one
+is compared only on the same machine class (`machine_class`).
 
 Refresh the baseline deliberately, never from a test:
     python -m testbed.sweep experiments/regression.toml --update-baseline
@@ -28,6 +41,7 @@ Refresh the baseline deliberately, never from a test:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -38,13 +52,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 1
-DEFAULT_TOLERANCE = 0.15
+SCHEMA_VERSION = 2
 METRIC = "step_time_min_s"  # measured step time (see the module docstring for why the minimum)
 MODEL_METRIC = "predicted_step_s"
+MIN_REPEATS = 3
+BASELINE_REPEATS = 5
+BAND_FLOOR = 0.05
+BAND_FACTOR = 4.0
+MODEL_TOLERANCE = 0.15
 REFRESH = "python -m testbed.sweep experiments/regression.toml --update-baseline"
+MACHINE_CLASS = ("cpu_model", "cpu_count", "memory_gib", "arch")
 
 Curves = dict[str, dict[str, float]]  # strategy -> {str(N): T(N)/T(N0)}
+Spreads = dict[str, dict[str, list[float]]]  # strategy -> {str(N): [ratio of each repeat]}
 
 
 def step_time_min(run_dir: str | os.PathLike) -> float | None:
@@ -52,10 +72,15 @@ def step_time_min(run_dir: str | os.PathLike) -> float | None:
     start (the intervals of `testbed.analysis.metrics`); None without updates."""
     updates = pd.read_parquet(Path(run_dir) / "updates.parquet", columns=["t_applied"])
     steps = pd.read_parquet(Path(run_dir) / "steps.parquet", columns=["t_start"])
-    if updates.empty or steps.empty:
+    return shortest_interval(steps["t_start"], updates["t_applied"])
+
+
+def shortest_interval(t_start: pd.Series, t_applied: pd.Series) -> float | None:
+    """The shortest interval between model updates, the first from the earliest step start."""
+    if t_applied.empty or t_start.empty:
         return None
-    times = np.sort(updates["t_applied"].to_numpy(dtype=float))
-    return float(np.diff(np.concatenate([[steps["t_start"].min()], times])).min())
+    times = np.sort(t_applied.to_numpy(dtype=float))
+    return float(np.diff(np.concatenate([[t_start.min()], times])).min())
 
 
 def load_sweep(sweep_dir: str | os.PathLike) -> pd.DataFrame:
@@ -68,8 +93,11 @@ def load_sweep(sweep_dir: str | os.PathLike) -> pd.DataFrame:
     return table
 
 
-def _medians(table: pd.DataFrame, column: str) -> dict[str, dict[int, float]]:
-    """{strategy: {N: median of COLUMN over the completed repeats}}."""
+# ---------------------------------------------------------------- ratios
+
+
+def _values(table: pd.DataFrame, column: str) -> dict[str, dict[int, dict[int, float]]]:
+    """{strategy: {N: {repeat: COLUMN}}} over the completed runs."""
     missing = [c for c in ("strategy", "workers", column) if c not in table.columns]
     if missing == [MODEL_METRIC]:
         raise ValueError(f"table has no {MODEL_METRIC}: the cost model predicts only over an "
@@ -78,124 +106,146 @@ def _medians(table: pd.DataFrame, column: str) -> dict[str, dict[int, float]]:
         raise ValueError(f"table has no column {', '.join(missing)}; pass a sweep's runs.parquet")
     rows = table[table["status"] == "completed"] if "status" in table.columns else table
     rows = rows.dropna(subset=[column])
-    keys = ["strategy", "workers"] + (["repeat"] if "repeat" in rows.columns else [])
-    dup = rows[rows.duplicated(keys, keep=False)]
+    if "repeat" not in rows.columns:
+        rows = rows.assign(repeat=0)
+    dup = rows[rows.duplicated(["strategy", "workers", "repeat"], keep=False)]
     if len(dup):
         s, n = dup.iloc[0]["strategy"], int(dup.iloc[0]["workers"])
         raise ValueError(f"table has several runs of {s} at N={n} in one repeat; a scaling "
                          "regression sweep may vary only strategy and workers")
-    medians: dict[str, dict[int, float]] = {}
-    for (strategy, n), value in rows.groupby(["strategy", "workers"])[column].median().items():
-        medians.setdefault(str(strategy), {})[int(n)] = float(value)
-    return medians
-
-
-def _ratios(medians: Mapping[str, Mapping[int, float]]) -> Curves:
-    out: Curves = {}
-    for strategy, curve in medians.items():
-        n0 = min(curve)
-        if not curve[n0] > 0:
-            raise ValueError(f"{strategy}: step time at N={n0} is {curve[n0]!r}; need > 0")
-        out[strategy] = {str(n): curve[n] / curve[n0] for n in sorted(curve)}
+    out: dict[str, dict[int, dict[int, float]]] = {}
+    for s, n, r, v in zip(rows["strategy"], rows["workers"], rows["repeat"], rows[column], strict=True):
+        out.setdefault(str(s), {}).setdefault(int(n), {})[int(r)] = float(v)
     return out
 
 
+def repeat_ratios(table: pd.DataFrame, column: str = METRIC) -> Spreads:
+    """Per strategy and N, the ratio COLUMN(N)/COLUMN(N0) of every repeat that measured both."""
+    out: Spreads = {}
+    for strategy, curve in _values(table, column).items():
+        n0 = min(curve)
+        base = curve[n0]
+        bad = [r for r, v in base.items() if not v > 0]
+        if bad:
+            raise ValueError(f"{strategy}: step time at N={n0} is {base[bad[0]]!r} in repeat "
+                             f"{bad[0]}; need > 0")
+        out[strategy] = {str(n): [curve[n][r] / base[r] for r in sorted(curve[n]) if r in base]
+                         for n in sorted(curve)}
+    return out
+
+
+def _median(ratios: Spreads) -> Curves:
+    return {s: {n: float(np.median(v)) for n, v in c.items() if v} for s, c in ratios.items()}
+
+
 def curve_ratios(table: pd.DataFrame) -> Curves:
-    """Per strategy, measured T(N)/T(N0) at every N (N0 = its smallest N), medians over repeats."""
-    return _ratios(_medians(table, METRIC))
+    """Per strategy, measured T(N)/T(N0) at every N (N0 = its smallest N), median over repeats."""
+    return _median(repeat_ratios(table, METRIC))
 
 
 def model_ratios(table: pd.DataFrame) -> Curves:
     """The same ratios from the cost model's `predicted_step_s` (emulated network only)."""
-    return _ratios(_medians(table, MODEL_METRIC))
+    return _median(repeat_ratios(table, MODEL_METRIC))
+
+
+def spread(values: list[float]) -> float | None:
+    """Relative standard deviation (ddof 1) of one point's repeated ratios; None below 2."""
+    if len(values) < 2:
+        return None
+    return float(np.std(values, ddof=1) / np.median(values))
+
+
+def band(relative_spread: float | None) -> float:
+    """The drift a ratio may show from the baseline (module docstring)."""
+    return max(BAND_FLOOR, BAND_FACTOR * (relative_spread or 0.0))
 
 
 def step_times(table: pd.DataFrame) -> Curves:
-    """Per strategy, the measured step time (s) at every N; informational, never compared."""
-    return {s: {str(n): t for n, t in sorted(c.items())} for s, c in _medians(table, METRIC).items()}
+    """Per strategy, the median measured step time (s) at every N; informational, never compared."""
+    return {s: {str(n): float(np.median(list(reps.values()))) for n, reps in sorted(c.items())}
+            for s, c in _values(table, METRIC).items()}
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.3g}%"
+# ---------------------------------------------------------------- identity and machine
 
 
-def _curve(strategy: str, got: Mapping[str, float], ref: Mapping[str, float], what: str,
-           tolerance: float, *, every: bool) -> list[str]:
-    """Problems of one measured curve against a reference; EVERY: also flag N absent from either."""
-    if not got or not ref:
-        return [] if not every else [f"{strategy}: empty curve (measured {dict(got)}, {what} {dict(ref)})"]
-    n0, r0 = min(map(int, got)), min(map(int, ref))
-    if n0 != r0:
-        return [f"{strategy}: measured curve starts at N={n0}, {what} at N={r0}; "
-                "ratios are not comparable"]
-    problems = []
-    for n in sorted(set(map(int, got)) | set(map(int, ref))):
-        g, r = got.get(str(n)), ref.get(str(n))
-        if g is None or r is None:
-            if every:
-                side = f"no measured step time at N={n}" if g is None else f"N={n} is not in the {what}"
-                problems.append(f"{strategy}: {side}; rerun, or refresh the baseline: {REFRESH}")
-            continue
-        drift = g / r - 1
-        if abs(drift) > tolerance:
-            problems.append(f"{strategy}: step-time ratio T({n})/T({n0}) is {g:.2f}, {what} {r:.2f} "
-                            f"({drift:+.1%}, tolerance {_pct(tolerance)})")
-    return problems
+def spec_identity(spec: Mapping[str, Any]) -> str:
+    """Hash of what a spec measures (its `spec_dict` without `repeats`: more repeats of the same
+    points measure the same curves)."""
+    what = {k: v for k, v in spec.items() if k != "repeats"}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def compare(measured: Mapping[str, Mapping[str, float]], baseline: Mapping[str, Mapping[str, float]],
-            model: Mapping[str, Mapping[str, float]], tolerance: float = DEFAULT_TOLERANCE) -> list[str]:
-    """Human messages, one per problem: a curve that moved from the baseline or left the model.
+def machine_class(provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """What makes two machines interchangeable for real-network step times."""
+    return {k: provenance.get(k) for k in MACHINE_CLASS}
 
-    Empty when every measured ratio is within TOLERANCE (relative) of both the baseline's and
-    the cost model's ratio at the same N, and both cover the same strategies and Ns.
-    """
-    problems = []
-    for strategy in sorted(set(measured) | set(baseline)):
-        if strategy not in measured:
-            problems.append(f"{strategy}: in the baseline but not measured; did its runs fail?")
-        elif strategy not in baseline:
-            problems.append(f"{strategy}: measured but not in the baseline; refresh it: {REFRESH}")
-        else:
-            problems += _curve(strategy, measured[strategy], baseline[strategy], "baseline",
-                               tolerance, every=True)
-    for strategy in sorted(set(measured) & set(model)):
-        problems += _curve(strategy, measured[strategy], model[strategy], "cost model",
-                           tolerance, every=False)
-    return problems
+
+def machine_change(data: Mapping[str, Any], here: Mapping[str, Any]) -> str | None:
+    """Why a baseline of real-network curves cannot be compared on this machine, or None.
+
+    Emulated curves (`mode` "emulated") are meant to be machine-independent: always None."""
+    if data.get("mode") != "real":
+        return None
+    theirs, mine = machine_class(data.get("provenance", {})), machine_class(here)
+    diff = [f"{k} {theirs[k]!r} there, {mine[k]!r} here" for k in MACHINE_CLASS if theirs[k] != mine[k]]
+    return "; ".join(diff) or None
+
+
+# ---------------------------------------------------------------- the file
 
 
 def write_baseline(path: str | os.PathLike, table: pd.DataFrame,
                    meta: Mapping[str, Any]) -> dict[str, Any]:
-    """Write PATH (JSON, atomically) from a sweep table; META adds spec, machine, tolerance.
+    """Write PATH (JSON, atomically) from a sweep table of >= MIN_REPEATS repeats.
 
-    Refuses (ValueError) when the measured curves already depart from the cost model: CI could
-    never pass against such a baseline.
+    META carries `spec` (the spec_dict), `spec_file` and `provenance`. Refuses (ValueError) a
+    point with fewer repeats, and emulated curves that already depart from the cost model: a
+    check could never pass against such a baseline.
     """
     from testbed.analysis.results import write_json
 
-    tolerance = float(meta.get("tolerance", DEFAULT_TOLERANCE))
-    measured, model = curve_ratios(table), model_ratios(table)
+    reps = repeat_ratios(table, METRIC)
+    few = [f"{s} N={n} ({len(v)})" for s, c in reps.items() for n, v in c.items() if len(v) < MIN_REPEATS]
+    if few:
+        raise ValueError(f"a baseline needs at least {MIN_REPEATS} completed repeats of every point "
+                         f"to measure its spread; {', '.join(few)} had fewer: run with --repeats "
+                         f"{BASELINE_REPEATS}")
+    measured = _median(reps)
+    modelled = MODEL_METRIC in table.columns and table[MODEL_METRIC].notna().any()
+    model = model_ratios(table) if modelled else {}
     unmodelled = sorted(set(measured) - set(model))
-    if unmodelled:
-        raise ValueError(f"no cost-model prediction for {', '.join(unmodelled)}; "
-                         "emulate the network (network.bandwidth) for every point")
-    problems = compare(measured, measured, model, tolerance)
+    if model and unmodelled:
+        raise ValueError(f"no cost-model prediction for {', '.join(unmodelled)}; emulate the network "
+                         "(network.bandwidth) for every point, or for none")
+    problems = [f"{s}: T({n})/T({min(c, key=int)}) is {c[n]:.2f}, cost model {model[s][n]:.2f}"
+                for s, c in measured.items() for n in c
+                if n in model.get(s, {}) and abs(c[n] / model[s][n] - 1) > MODEL_TOLERANCE]
     if problems:
-        raise ValueError("measured curves depart from the cost model: " + "; ".join(problems))
+        raise ValueError("measured curves depart from the cost model by more than "
+                         f"{MODEL_TOLERANCE:.0%}: " + "; ".join(problems))
+    spreads = {s: {n: spread(v) for n, v in c.items()} for s, c in reps.items()}
+    spec = meta.get("spec", {})
     data = {"schema_version": SCHEMA_VERSION,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "metric": METRIC, **meta, "tolerance": tolerance,
-            "ratios": _rounded(measured), "model_ratios": _rounded(model),
-            "step_time_s": _rounded(step_times(table))}
+            "metric": METRIC, "mode": "emulated" if model else "real",
+            "spec": spec, "spec_file": meta.get("spec_file"), "spec_identity": spec_identity(spec),
+            "provenance": dict(meta.get("provenance", {})),
+            "repeats": min(len(v) for c in reps.values() for v in c.values()),
+            "tolerance": {"rule": "band = max(floor, factor * spread); spread = std(ddof=1) / median "
+                                  "of the repeats' ratios",
+                          "floor": BAND_FLOOR, "factor": BAND_FACTOR, "model": MODEL_TOLERANCE},
+            "ratios": _rounded(measured), "spread": _rounded(spreads),
+            "band": _rounded({s: {n: band(v) for n, v in c.items()} for s, c in spreads.items()}),
+            "model_ratios": _rounded(model), "step_time_s": _rounded(step_times(table))}
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_json(target, data)
     return data
 
 
-def _rounded(curves: Curves) -> Curves:
-    return {s: {n: round(v, 4) for n, v in c.items()} for s, c in curves.items()}
+def _rounded(curves: Mapping[str, Mapping[str, float | None]]) -> dict[str, dict[str, float | None]]:
+    return {s: {n: None if v is None else round(v, 4) for n, v in c.items()} for s, c in curves.items()}
 
 
 def load_baseline(path: str | os.PathLike) -> dict[str, Any]:
@@ -209,7 +259,8 @@ def load_baseline(path: str | os.PathLike) -> dict[str, Any]:
         version = data.get("schema_version") if isinstance(data, dict) else None
         raise ValueError(f"{p}: schema_version {version!r}, expected {SCHEMA_VERSION}; "
                          f"refresh it with {REFRESH}")
-    missing = [k for k in ("ratios", "model_ratios", "tolerance", "metric", "spec") if k not in data]
+    missing = [k for k in ("ratios", "band", "model_ratios", "tolerance", "metric", "mode", "spec",
+                           "spec_identity", "provenance") if k not in data]
     if missing:
         raise ValueError(f"{p}: no {', '.join(missing)}; refresh it with {REFRESH}")
     if data["metric"] != METRIC:
@@ -219,12 +270,14 @@ def load_baseline(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def describe(data: Mapping[str, Any]) -> list[str]:
-    """One line per curve: its ratios beside the cost model's."""
+    """One line per curve: its ratios beside the cost model's, and each point's band."""
     lines = []
     for strategy, curve in data["ratios"].items():
         n0 = min(map(int, curve))
         model = data["model_ratios"].get(strategy, {})
-        parts = [f"T({n})/T({n0}) {r:.2f} (model {model.get(n, float('nan')):.2f})"
+        bands = data["band"].get(strategy, {})
+        parts = [f"T({n})/T({n0}) {r:.2f} ± {bands.get(n, BAND_FLOOR):.0%}"
+                 + (f" (model {model[n]:.2f})" if n in model else "")
                  for n, r in curve.items() if int(n) != n0]
         lines.append(f"{strategy}: " + ", ".join(parts))
     return lines

@@ -80,6 +80,10 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     _atomic_write(path, w)
 
 
+def write_text(path: Path, text: str) -> None:
+    _atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, (np.integer,)):
         return int(value)
@@ -179,7 +183,8 @@ def read_log(path: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
 def provenance() -> dict[str, Any]:
     """Git commit + dirty flag, package versions and the machine, for config.json."""
     info: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
-                            "cpu_count": os.cpu_count()}
+                            "arch": platform.machine(), "cpu_count": os.cpu_count(),
+                            "cpu_model": _cpu_model(), "memory_gib": _memory_gib()}
     from importlib.metadata import PackageNotFoundError, version
 
     for mod in ("ray", "torch", "numpy", "pandas"):
@@ -201,6 +206,26 @@ def provenance() -> dict[str, Any]:
     status = git("--no-optional-locks", "status", "--porcelain", "--untracked-files=no")
     info["git_dirty"] = None if status is None else bool(status)
     return info
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name (Linux /proc/cpuinfo; elsewhere platform.processor() or None)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _memory_gib() -> int | None:
+    """Physical memory, whole GiB (rounded: VMs of one size differ by a few MiB)."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return round(pages * size / 2**30)
 
 
 class RunFolder:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pandas as pd
@@ -10,7 +9,6 @@ import pytest
 
 from testbed.analysis import baseline
 from testbed.analysis.baseline import (
-    compare,
     curve_ratios,
     load_baseline,
     model_ratios,
@@ -31,11 +29,14 @@ def table() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_ratios_are_medians_over_repeats_relative_to_the_smallest_n():
+def test_ratios_are_medians_over_repeats_of_each_repeats_ratio():
     got = curve_ratios(table())
     assert set(got) == {"ps-sync", "ring"}
-    assert got["ps-sync"] == pytest.approx({"2": 1.0, "4": 1.7 / 1.1, "8": 3.0 / 1.1})
+    # ps-sync repeat 2 had a slow N=2 run (5.0 s): its ratios are outliers the median leaves out.
+    assert got["ps-sync"] == pytest.approx({"2": 1.0, "4": 1.7 / 1.1, "8": 3.1 / 1.1})
     assert got["ring"] == pytest.approx({"2": 1.0, "4": 1.5, "8": 1.8})
+    reps = baseline.repeat_ratios(table())
+    assert reps["ps-sync"]["8"] == pytest.approx([3.0, 3.1 / 1.1, 2.9 / 5.0])  # the failed repeat 3 is out
 
 
 def test_model_ratios():
@@ -53,80 +54,31 @@ def test_a_table_with_another_grid_dimension_is_refused():
         curve_ratios(t.drop(columns=[baseline.METRIC]))
 
 
-def test_identical_curves_pass():
-    measured, model = curve_ratios(table()), model_ratios(table())
-    assert compare(measured, copy.deepcopy(measured), model, 0.15) == []
-
-
-def test_perturbed_baseline_fails_naming_the_curve_and_n():
-    measured, model = curve_ratios(table()), model_ratios(table())
-    moved = copy.deepcopy(measured)
-    moved["ps-sync"]["8"] *= 1.3  # the baseline says ps-sync grew faster than it does now
-    problems = compare(measured, moved, model, 0.15)
-    assert len(problems) == 1
-    msg = problems[0]
-    assert msg.startswith("ps-sync: step-time ratio T(8)/T(2) is 2.73, baseline 3.55")
-    assert "(-23.1%, tolerance 15%)" in msg
-    moved["ps-sync"]["8"] = measured["ps-sync"]["8"] * 1.1  # within tolerance again
-    assert compare(measured, moved, model, 0.15) == []
-    assert len(compare(measured, moved, {}, 0.05)) == 1  # no model: only the baseline check
-
-
-def test_departure_from_the_cost_model_is_flagged():
-    measured, model = curve_ratios(table()), model_ratios(table())
-    flat = copy.deepcopy(measured)
-    flat["ring"]["8"] = 2.4  # ring no longer flat: the model says 1.75
-    problems = compare(flat, flat, model, 0.15)
-    assert problems == ["ring: step-time ratio T(8)/T(2) is 2.40, cost model 1.75 "
-                        "(+37.1%, tolerance 15%)"]
-
-
-def test_missing_curves_and_points_are_flagged():
-    measured, model = curve_ratios(table()), model_ratios(table())
-    less = copy.deepcopy(measured)
-    del less["ring"]
-    del less["ps-sync"]["8"]
-    problems = compare(less, measured, model, 0.15)
-    assert any(p.startswith("ring: in the baseline but not measured") for p in problems)
-    assert any(p.startswith("ps-sync: no measured step time at N=8") for p in problems)
-    problems = compare(measured, less, model, 0.15)
-    assert any(p.startswith("ring: measured but not in the baseline") for p in problems)
-    assert any(p.startswith("ps-sync: N=8 is not in the baseline") for p in problems)
-    shifted = {"ring": {"4": 1.0, "8": 1.2}}
-    assert "not comparable" in compare(shifted, {"ring": measured["ring"]}, {}, 0.15)[0]
-
-
 def test_write_and_load_round_trip(tmp_path):
     path = tmp_path / "b" / "scaling.json"
-    meta = {"spec": {"name": "regression"}, "machine": {"cpu_count": 2}}
-    data = write_baseline(path, table(), meta)
+    t = table()
+    t.loc[(t["strategy"] == "ps-sync") & (t["workers"] == 2) & (t["repeat"] == 2), baseline.METRIC] = 1.05
+    meta = {"spec": {"name": "regression", "repeats": 1}, "provenance": {"cpu_count": 2}}
+    data = write_baseline(path, t, meta)
     loaded = load_baseline(path)
     assert loaded == json.loads(json.dumps(data))
-    assert loaded["schema_version"] == baseline.SCHEMA_VERSION
-    assert loaded["tolerance"] == baseline.DEFAULT_TOLERANCE == 0.15
-    assert loaded["metric"] == baseline.METRIC and loaded["spec"] == {"name": "regression"}
+    assert loaded["schema_version"] == baseline.SCHEMA_VERSION == 2
+    assert loaded["tolerance"]["floor"] == baseline.BAND_FLOOR and loaded["tolerance"]["model"] == 0.15
+    assert loaded["metric"] == baseline.METRIC and loaded["spec"] == meta["spec"]
     assert loaded["ratios"]["ring"] == {"2": 1.0, "4": 1.5, "8": 1.8}
     assert loaded["model_ratios"]["ring"] == {"2": 1.0, "4": 1.5, "8": 1.75}
     assert loaded["step_time_s"]["ring"]["8"] == 0.9
-    assert compare(curve_ratios(table()), loaded["ratios"], loaded["model_ratios"],
-                   loaded["tolerance"]) == []
-    assert baseline.describe(loaded)[1] == "ring: T(4)/T(2) 1.50 (model 1.50), T(8)/T(2) 1.80 (model 1.75)"
+    assert loaded["provenance"] == {"cpu_count": 2}
+    assert baseline.describe(loaded)[1] == ("ring: T(4)/T(2) 1.50 ± 5% (model 1.50), "
+                                            "T(8)/T(2) 1.80 ± 5% (model 1.75)")
     assert not list(path.parent.glob(".*tmp*"))
-
-
-def test_a_baseline_that_departs_from_the_model_is_not_written(tmp_path):
-    t = table()
-    t.loc[(t["strategy"] == "ring") & (t["workers"] == 8), baseline.METRIC] = 1.5
-    with pytest.raises(ValueError, match=r"ring: step-time ratio T\(8\)/T\(2\) is 3.00, cost model"):
-        write_baseline(tmp_path / "x.json", t, {"spec": {}})
-    assert not (tmp_path / "x.json").exists()
 
 
 @pytest.mark.parametrize(("content", "needle"), [
     (None, "cannot read the baseline"),
     ("{not json", "cannot read the baseline"),
-    ('{"schema_version": 99}', "schema_version 99"),
-    ('{"schema_version": 1, "ratios": {}}', "no model_ratios"),
+    ('{"schema_version": 1}', "schema_version 1"),
+    ('{"schema_version": 2, "ratios": {}}', "no band, model_ratios"),
 ])
 def test_load_baseline_errors_say_how_to_refresh(tmp_path, content, needle):
     path = tmp_path / "scaling.json"
@@ -135,16 +87,6 @@ def test_load_baseline_errors_say_how_to_refresh(tmp_path, content, needle):
     with pytest.raises(ValueError, match="--update-baseline") as err:
         load_baseline(path)
     assert needle in str(err.value)
-
-
-def test_a_baseline_needs_the_cost_model_for_every_curve(tmp_path):
-    with pytest.raises(ValueError, match="emulated network"):
-        write_baseline(tmp_path / "x.json", table().drop(columns=["predicted_step_s"]), {})
-    t = table()
-    t.loc[t["strategy"] == "ring", "predicted_step_s"] = float("nan")
-    with pytest.raises(ValueError, match="no cost-model prediction for ring"):
-        write_baseline(tmp_path / "x.json", t, {})
-    assert not (tmp_path / "x.json").exists()
 
 
 def test_load_sweep_adds_each_runs_shortest_step_interval(tmp_path):
