@@ -24,7 +24,7 @@ Nothing measured is lost and nothing hangs:
 
 from __future__ import annotations
 
-import sys
+import os
 import threading
 import time
 import traceback
@@ -41,12 +41,12 @@ from testbed.emulation.faults import Diverged, NonFiniteGradient, RestartsExhaus
 from testbed.interrupts import INTERRUPTS, Interrupts
 from testbed.records import STEP_COLUMNS, UPDATE_COLUMNS, Recorder
 from testbed.runtime.cluster import Cluster
-from testbed.runtime.rayprocs import RayMessages, end_ray_processes
+from testbed.runtime.rayprocs import RayMessages, end_ray_processes, silence_stderr
 from testbed.strategy import NotModelled, StrategySpec
 
 SHUTDOWN_S = 60.0  # stopping the actors and Ray after a run that ended normally
 SHUTDOWN_INTERRUPTED_S = 5.0  # ... and after a signal or a failure (Ray may be half gone)
-STARTUP_STUCK_S = 10.0  # Ray still starting this long after a signal: its daemons took it too
+STARTUP_STUCK_S = 10.0  # Ray still starting this long after a signal (a busy machine: 3 at once take 15 s): give it up
 
 
 @dataclass
@@ -98,10 +98,11 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
     def stuck() -> None:  # Ray could not finish starting after a signal: save and say so, from the watchdog
         ended.set("interrupted", 130, f"interrupted by {interrupts.name} while Ray was starting "
                                       f"(it did not finish within {STARTUP_STUCK_S:g} s)")
+        stderr = silence_stderr()  # what Ray prints as it is cut off mid-start is not the run's
         if log is not None:
             finish(folder, spec, cfg, recorder, ended, None, {}, marks)
         end_ray_processes()
-        print(f"testbed.run: error: {ended.error}", file=sys.stderr, flush=True)
+        os.write(stderr, f"testbed.run: error: {ended.error}\n".encode())
         if folder is not None:
             print(folder.path, flush=True)
 

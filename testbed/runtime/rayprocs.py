@@ -74,6 +74,19 @@ def _stderr_to(path: str):
         os.close(saved)
 
 
+def silence_stderr() -> int:
+    """Point this process's fd 2 (and so sys.stderr, and Ray's threads in this process) at
+    /dev/null for good, and return a duplicate of the old one for the last line testbed writes:
+    a Ray cut off halfway (ray.init abandoned after a signal) prints RPC errors and tracebacks
+    as it goes, which are not the run's to show."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
+    return saved
+
+
 @contextmanager
 def _keep_our_sigterm():
     """ray.init replaces the process's SIGTERM handler with one that exits on the spot, midway
