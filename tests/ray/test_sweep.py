@@ -128,13 +128,14 @@ def test_update_baseline_measures_afresh_and_refuses_failed_runs(tmp_path, capsy
     (sweep_dir / "points.jsonl").write_text(json.dumps(
         {"id": points[0].point_id, "status": "completed", "run_dir": f"runs/{old.name}"}) + "\n")
     target = tmp_path / "baseline.json"
-    argv = [str(spec), "--out", str(tmp_path), "--quiet", "--update-baseline", "--baseline", str(target)]
+    argv = [str(spec), "--out", str(tmp_path), "--quiet", "--update-baseline", "--baseline", str(target),
+            "--repeats", "3"]  # the fewest a baseline takes (it measures each point's spread)
     assert main(argv) == 1
     assert not target.exists()
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"testbed.sweep: error: baseline {target} not written")
     table = load_table(sweep_dir)
-    assert list(table["status"]) == ["completed", "failed"]
+    assert list(table["status"]) == ["completed", "failed"] * 3
     assert table["run_dir"].iloc[0].endswith("-1")  # the completed point ran again, not reused
 
 
