@@ -105,9 +105,11 @@ def format_summary(s: dict[str, Any]) -> str:
                      f"{s['staleness_mean']:.2f} / {s['staleness_p95']:.1f} / {s['staleness_max']}"))
     if s.get("predicted_step_s") is not None:
         dilated = "" if s.get("dilation", 1.0) == 1.0 else f", dilation {s['dilation']:g}"
+        ratio = "emulation_fidelity" if s.get("calibrated_fit") is None else "calibrated_fit"
+        source = "" if s.get("calibrated_fit") is None else ", calibrated"
         rows.append(("comm measured / predicted",
                      f"{ms('comm_s_per_step')} / {ms('predicted_comm_s')}  "
-                     f"({num('emulation_fidelity', '{:.3f}')}x{dilated})"))
+                     f"({num(ratio, '{:.3f}')}x{dilated}{source})"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from testbed.analysis.results import OutputError, RunFolder, chrome_trace, new_run_id, table_frame
 from testbed.config import ConfigError, RunConfig
+from testbed.config.calibration import load_calibration
 from testbed.emulation.dilation import advice
 from testbed.emulation.faults import Diverged, NonFiniteGradient, RestartsExhausted, ServerLost
 from testbed.interrupts import INTERRUPTS, Interrupts
@@ -269,6 +270,25 @@ def critical_comm_s(steps: Any, updates: Any) -> float:
     return float(np.median(intervals)) - float(slowest_compute(steps).median())
 
 
+def _network_link(spec: StrategySpec, cfg: RunConfig) -> tuple[tuple[float, float], str] | str:
+    """((latency s, bandwidth B/s), where they come from) for the cost model, or why there are none:
+    the emulated network's settings, or a real network's calibration for this strategy's path."""
+    net = cfg.network
+    if net.emulated:
+        return (net.latency_s, net.bandwidth_Bps), "emulated network"
+    if net.calibration is None:
+        return ("real network: its latency and bandwidth are unknown; emulate one (--bandwidth, "
+                "--latency) or measure this one (python -m testbed.bench network --out FILE, then "
+                "--calibration FILE) for the cost model's time")
+    cal = load_calibration(net.calibration)
+    path = spec.message_path(cfg)
+    if path not in cal.links:
+        return (f"calibration {net.calibration} has no '{path}' path (this run's messages take it; "
+                f"it holds {', '.join(sorted(cal.links))}); measure it with python -m testbed.bench network")
+    link = cal.links[path]
+    return (link.alpha_s, link.bandwidth_Bps), cal.describe(path)
+
+
 def slowest_compute(steps: Any) -> Any:
     """Per iteration, the slowest worker's compute plus injected delay."""
     return (steps["compute_s"] + steps["injected_delay_s"]).groupby(steps["iteration"]).max()
@@ -288,12 +308,13 @@ def predictions(spec: StrategySpec, cfg: RunConfig, summary: dict[str, Any], ste
         out["prediction_missing"] = "the strategy did not report its gradient size"
         return out
     out["predicted_bytes_sent_per_worker_per_step"] = spec.bytes_per_worker(cfg, extra)
-    if not cfg.network.emulated:
-        out["prediction_missing"] = ("real network: its latency and bandwidth are unknown; emulate one "
-                                     "(--bandwidth, --latency) for the cost model's time")
+    link = _network_link(spec, cfg)
+    if isinstance(link, str):
+        out["prediction_missing"] = link
         return out
+    (latency, bandwidth), out["prediction_source"] = link
     try:
-        pred = spec.predict(cfg, extra, cfg.network.latency_s, cfg.network.bandwidth_Bps)
+        pred = spec.predict(cfg, extra, latency, bandwidth)
     except NotModelled as exc:
         out["prediction_missing"] = str(exc)
         return out
@@ -301,13 +322,16 @@ def predictions(spec: StrategySpec, cfg: RunConfig, summary: dict[str, Any], ste
         compute, source = cfg.workload.compute_ms / 1000.0, "--compute-ms"
     else:  # a real model's compute is what it measured: the model explains communication
         compute, source = float(slowest_compute(steps).median()), "measured"
-    # what the emulator could not hide: messages that arrived after their emulated delivery
-    late = (float(steps["late_s"].sum()) + float(extra.get("endpoint_late_s", 0.0))) / max(1, len(updates))
-    out.update({"emulation_late_s_per_update": late,
-                "emulation_leak_frac": late / pred.comm_s if pred.comm_s > 0 else None})
-    out["emulation_fidelity"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None
-    out["fidelity_warning"] = (advice(out["comm_s_per_step"], pred.comm_s, cfg.network.dilation,
-                                      not cfg.workload.real_compute) if len(updates) >= 3 else None)
+    if cfg.network.emulated:
+        # what the emulator could not hide: messages that arrived after their emulated delivery
+        late = (float(steps["late_s"].sum()) + float(extra.get("endpoint_late_s", 0.0))) / max(1, len(updates))
+        out.update({"emulation_late_s_per_update": late,
+                    "emulation_leak_frac": late / pred.comm_s if pred.comm_s > 0 else None})
+        out["emulation_fidelity"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None
+        out["fidelity_warning"] = (advice(out["comm_s_per_step"], pred.comm_s, cfg.network.dilation,
+                                          not cfg.workload.real_compute) if len(updates) >= 3 else None)
+    else:
+        out["calibrated_fit"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None
     out.update({"predicted_comm_s": pred.comm_s, "predicted_step_s": compute + pred.comm_s,
                 "predicted_compute_s": compute, "predicted_compute_source": source,
                 "formula": pred.formula,

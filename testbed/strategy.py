@@ -68,6 +68,11 @@ class StrategySpec(ABC):
     def validate(self, cfg: RunConfig) -> None:  # noqa: B027 - most strategies have no rule of their own
         """Its own rules beyond keys and choices; raise ConfigError (testbed.config.fail)."""
 
+    def message_path(self, cfg: RunConfig) -> str:
+        """Which measured path of a real network its messages take (testbed.config.calibration):
+        an actor call through the object store unless the strategy says otherwise."""
+        return "call"
+
     @abstractmethod
     def predict(self, cfg: RunConfig, resolved: Mapping[str, Any], latency: float,
                 bandwidth: float) -> Prediction:

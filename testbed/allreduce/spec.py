@@ -82,6 +82,13 @@ class AllreduceSpec(StrategySpec):
             fail("compression", cfg.compression, "top-k pieces are gathered around the ring; "
                  f"use --algorithm ring (got {r.algorithm}) or fp16")
 
+    def message_path(self, cfg: RunConfig) -> str:
+        """torch p2p over --transport torch; over the object store, the ring's neighbour exchange
+        uses shared-memory channels and the any-pair algorithms actor calls."""
+        if cfg.ring.transport == "torch":
+            return "torch"
+        return "channel" if cfg.ring.algorithm == "ring" else "call"
+
     def predict(self, cfg: RunConfig, resolved: Mapping[str, Any], latency: float,
                 bandwidth: float) -> Prediction:
         if self.library:

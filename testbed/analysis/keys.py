@@ -94,13 +94,18 @@ SUMMARY = {
                              "compute (+ injected delay) per step, not clamped; asynchronous: mean `comm_s`"),
     "predicted_bytes_sent_per_worker_per_step": ("bytes", "the cost model's bytes a worker sends per "
                                                           "iteration, beside the measured mean"),
-    "predicted_comm_s": ("s", "emulated network: the alpha-beta model's communication per update"),
-    "predicted_comm_s_no_overlap": ("s", "emulated network: the model's no-overlap upper bound"),
-    "predicted_compute_s": ("s", "emulated network: the compute the step prediction adds"),
+    "predicted_comm_s": ("s", "emulated or calibrated network: the alpha-beta model's communication "
+                              "per update"),
+    "predicted_comm_s_no_overlap": ("s", "emulated or calibrated network: the model's no-overlap upper bound"),
+    "predicted_compute_s": ("s", "emulated or calibrated network: the compute the step prediction adds"),
     "predicted_compute_source": ("", "where that compute comes from: `--compute-ms` (synthetic) or "
                                      "`measured` (a real model's median slowest compute)"),
-    "predicted_step_s": ("s", "emulated network: `predicted_compute_s + predicted_comm_s`"),
-    "formula": ("", "emulated network: the cost-model formula used"),
+    "predicted_step_s": ("s", "emulated or calibrated network: `predicted_compute_s + predicted_comm_s`"),
+    "formula": ("", "emulated or calibrated network: the cost-model formula used"),
+    "prediction_source": ("", "where the model's latency and bandwidth come from: `emulated network`, or "
+                              "`calibration FILE (PATH: alpha, bandwidth, scope)` on a real network"),
+    "calibrated_fit": ("ratio", "real network with --calibration: `comm_s_per_step / predicted_comm_s` "
+                                "(1: the measured alpha and beta explain the run)"),
     "prediction_missing": ("", "why a prediction is absent (a real network, a library collective, ...)"),
     "endpoint_late_s": ("s", "emulated network: the same lateness at the servers or the driver, summed"),
     "emulation_late_s_per_update": ("s", "emulated network: all endpoints' lateness per model update "

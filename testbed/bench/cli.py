@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 
+from testbed.bench import network
 from testbed.config import MAX_WORKERS, ConfigError
 from testbed.units import format_bytes, format_seconds, parse_size
 
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, default=0, help="seed of the buffers' random data")
     a("--timeout", type=float, default=120.0, help="seconds any remote wait may take")
     a("--out", default=None, help="also write raw samples and derived numbers to this JSON file")
+    network.add_arguments(sub, _Parser)
     return p
 
 
@@ -103,7 +105,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """argv -> validated options (raises ConfigError with the one-line message)."""
     ns = build_parser().parse_args(argv)
     if ns.command is None:
-        raise ConfigError(f"missing benchmark: use '{PROG} allreduce --workers 2,4 --sizes 4KB'")
+        raise ConfigError(f"missing benchmark: use '{PROG} allreduce --workers 2,4 --sizes 4KB' or "
+                          f"'{PROG} network'")
+    if ns.out is not None:
+        parent = os.path.dirname(os.path.abspath(ns.out))
+        if os.path.isdir(ns.out) or not os.path.isdir(parent):
+            raise ConfigError(f"--out {ns.out!r}: give a file path in an existing folder, e.g. bench.json")
+    if ns.command == "network":
+        network.validate(ns, _split)
+        return ns
     workers = []
     for item in _split("--workers", ns.workers):
         if not item.isdigit() or not 2 <= int(item) <= MAX_WORKERS:
@@ -127,10 +137,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise ConfigError(f"--seed {ns.seed!r}: use an integer in 0..2**32-1")
     if not (ns.timeout > 0 and np.isfinite(ns.timeout)):
         raise ConfigError(f"--timeout {ns.timeout!r}: use a finite number of seconds > 0, e.g. 120")
-    if ns.out is not None:
-        parent = os.path.dirname(os.path.abspath(ns.out))
-        if os.path.isdir(ns.out) or not os.path.isdir(parent):
-            raise ConfigError(f"--out {ns.out!r}: give a file path in an existing folder, e.g. bench.json")
     ns.workers, ns.sizes = sorted(set(workers)), sorted(set(sizes))
     _check_memory(ns.workers, ns.sizes)
     return ns
@@ -324,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     ns.argv = argv
     from testbed.bench.lib import ResultMismatch
 
+    if ns.command == "network":
+        return _network(ns)
     try:
         doc = run_allreduce(ns)
     except ConfigError as exc:  # resource shortfall found by the cluster check
@@ -336,6 +344,22 @@ def main(argv: list[str] | None = None) -> int:
     if ns.out:
         write_json(ns.out, doc)
         print(f"wrote {ns.out}")
+    return EXIT_OK
+
+
+def _network(ns: argparse.Namespace) -> int:
+    try:
+        doc = network.run_network(ns, PROG)
+    except ConfigError as exc:
+        print(f"testbed.bench: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(network.report(doc))
+    if ns.out:
+        write_json(ns.out, doc)
+        print(f"wrote {ns.out} (use it with python -m testbed.run --calibration {ns.out})")
+    if not doc["paths"]:
+        print("testbed.bench: error: no path could be fitted; see the lines above", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 

@@ -108,6 +108,22 @@ class Runner:
         out = get(refs, self.timeout, f"4 KiB pings between {len(pairs)} pair(s) of ranks")
         return [x / 2 for rtts in out[::2] for x in rtts[PING_WARMUP:]]
 
+    def one_way(self, path: str, nbytes: int, repeats: int, warmup: int) -> list[float]:
+        """One-way times of nbytes messages between ranks 0 and 1 over a calibration path
+        (testbed.config.calibration): half a ping-pong's round trip over a channel pair
+        ("channel") or actor calls ("call"); a simultaneous exchange over torch p2p ("torch",
+        one ring hop each way, its own time)."""
+        if path == "torch":
+            out = get([p.torch_hops.remote(warmup + repeats, nbytes) for p in self.peers[:2]],
+                      self.timeout, f"torch exchanges of {nbytes} B")
+            return [max(a, b) for a, b in zip(out[0], out[1], strict=True)][warmup:]
+        calls = path == "call"
+        tags = [("one-way", path, nbytes, i) for i in range(warmup + repeats)]
+        out = get([self.peers[0].ping_rtts.remote(1, tags, nbytes, calls),
+                   self.peers[1].echo.remote(0, tags, calls)], self.timeout,
+                  f"{nbytes} B pings over {path}")
+        return [x / 2 for x in out[0][warmup:]]
+
     def load(self, nbytes: int) -> Any:
         get([p.load.remote(nbytes, self.seed) for p in self.peers], self.timeout, "buffer setup")
         self.expected = expected_sum(nbytes, self.seed, self.n)

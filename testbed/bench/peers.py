@@ -220,6 +220,17 @@ class _BenchPeer(RingPeer):
         transport.settle()
         return rtts
 
+    def torch_hops(self, count: int, nbytes: int) -> list[float]:
+        """`count` exchanges with the ring neighbour over torch p2p (both ranks at once, as a
+        ring step does): each one hop of nbytes each way; the time of each."""
+        chunk = np.ones(nbytes // 4, dtype=np.float32)
+        times = []
+        for i in range(count):
+            t0 = time.perf_counter()
+            self.torch_transport.exchange(("hop", i), chunk, chunk.size)
+            times.append(time.perf_counter() - t0)
+        return times
+
     def echo(self, partner: int, tags: list[Any], calls: bool) -> None:
         sends = []
         for tag in tags:

@@ -230,6 +230,9 @@ class NetworkConfig:
                           help="run the emulated cluster D times slower (transfers, latency, "
                                "synthetic compute, straggler delays) and report every time divided "
                                "by D, so this machine's own overheads shrink D-fold (README)")
+    calibration: str | None = opt(None, metavar="FILE",
+                                  help="real network: predict times with the latency and bandwidth "
+                                       "measured by python -m testbed.bench network --out FILE")
 
     @property
     def emulated(self) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from testbed import units
+from testbed.config.calibration import load_calibration
 from testbed.config.faults import check_faults
 from testbed.config.schema import (
     ConfigError,
@@ -88,6 +89,14 @@ def _validate_network(cfg: RunConfig) -> None:
     if n.dilation != 1.0 and n.bandwidth is None:
         fail("network.dilation", n.dilation, "dilation stretches an emulated network; add --bandwidth, "
              "e.g. 10Gbit, or drop --dilation")
+    if n.calibration is not None:
+        if n.bandwidth is not None:
+            fail("network.calibration", n.calibration, "a calibration describes the real network; drop "
+                 "--bandwidth (emulated) or --calibration")
+        try:
+            load_calibration(n.calibration)
+        except ValueError as exc:
+            fail("network.calibration", n.calibration, str(exc))
     if n.dilation != 1.0 and cfg.workload.real_compute:
         fail("network.dilation", n.dilation, f"--workload {cfg.workload.name} computes for real and real "
              "compute cannot be slowed down; use --workload synthetic --compute-ms MS, or drop --dilation")

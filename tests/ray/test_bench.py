@@ -50,3 +50,31 @@ def test_bench_bad_argument_is_one_line_exit_2(argv, names, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and names in err and err.startswith("testbed.bench: error:")
+
+
+def test_bench_network_writes_a_calibration_that_gives_real_runs_a_prediction(tmp_path, capsys):
+    """Two paths measured at two sizes far apart; the file loads; a real-network ring run with it
+    gets the model's time from the channel's alpha and beta, beside its measured communication."""
+    from testbed.config.calibration import load_calibration
+    from tests.ray.helpers import make_config, run_strategy
+
+    out = tmp_path / "cal.json"
+    code = main(["network", "--sizes", "4KiB,1MiB", "--paths", "channel,call", "--repeats", "5",
+                 "--warmup", "2", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    for path in ("channel", "call"):
+        entry = doc["paths"][path]
+        assert entry["sizes_bytes"] == [4096, 2**20] and len(entry["samples"]["4096"]) == 5
+        assert entry["one_way_s_p10"][0] <= entry["one_way_s"][0] <= entry["one_way_s_p90"][0]
+    cal = load_calibration(str(out))
+    assert doc["scope"] == "same node" and set(cal.links) == {"channel", "call"}
+    link = cal.links["channel"]
+    s = run_strategy(make_config(strategy="ring", workers=2, steps=4, **{
+        "workload.name": "synthetic", "workload.grad_mb": 1.0, "workload.compute_ms": 0.0,
+        "network.calibration": str(out)}))["summary"]
+    k = s["grad_bytes_logical"]
+    assert s["predicted_comm_s"] == pytest.approx(2 * (link.alpha_s + k / 2 / link.bandwidth_Bps))
+    assert s["prediction_source"] == cal.describe("channel")
+    assert s["calibrated_fit"] == pytest.approx(s["comm_s_per_step"] / s["predicted_comm_s"])
+    assert "emulation_fidelity" not in s and "prediction_missing" not in s

@@ -46,6 +46,8 @@ BAD = [
     ("transport-on-mapreduce", ["--transport", "torch", "--strategy", "mapreduce"], "'torch'"),
     ("payload-scaled-two", ["--workload", "synthetic", "--payload", "scaled:2"], "'scaled:2'"),
     ("latency-without-bandwidth", ["--latency", "50us"], "'50us'"),
+    ("calibration-missing", ["--calibration", "{file}.none"], "testbed.bench network"),
+    ("calibration-not-one", ["--calibration", "{file}"], "cannot read it"),
     ("out-is-a-file", ["--out", "{file}"], "{file}"),
     ("straggler-no-such-worker",
      ["--workers", "8", "--straggler", "fixed:worker=99,delay=200ms"],

@@ -1,0 +1,124 @@
+"""Measure a real network's alpha and beta for the cost model: the calibration file.
+
+    python -m testbed.bench network [--sizes 4KiB,256KiB,4MiB] [--paths channel,call,torch]
+        [--repeats 20] [--warmup 5] [--timeout 120] [--out calibration.json]
+
+Two bench peers (`testbed.bench.lib.Runner`, N = 2) time messages of each size between ranks 0
+and 1 over each path the strategies' messages take (testbed.config.calibration: a channel
+pair, actor calls, torch p2p); the one-way time of a size is the median of --repeats samples
+after --warmup (p10 and p90 beside it), the statistics rules of the allreduce benchmark. The
+alpha-beta line t(s) = alpha + s/B is fitted through the medians by least squares; the file
+gets every sample, the medians and the fit, and `python -m testbed.run --calibration FILE`
+predicts a real-network run's communication with the alpha and B of its strategy's path.
+
+Where the peers land decides what is measured: on one machine both are on its one Ray node
+(`scope` says "same node"); on a cluster, Ray places them where it has room (the scope names
+both nodes). Numbers are this machine's, under whatever else runs on it: a busy machine
+measures slower paths, and says so (the machine-load line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import numpy as np
+
+from testbed.config import ConfigError
+from testbed.config.calibration import PATHS, calibration_doc, fit
+from testbed.units import format_bytes, parse_size
+
+DEFAULT_SIZES = "4KiB,256KiB,4MiB"
+
+
+def add_arguments(sub: Any, parser_class: type) -> None:
+    a = sub.add_parser("network", help="a real network's latency and bandwidth per message path "
+                       "(a calibration file for --calibration)").add_argument
+    a("--sizes", default=DEFAULT_SIZES, help="comma-separated message sizes, e.g. 4KiB,256KiB,4MiB")
+    a("--paths", default=",".join(PATHS), help=f"comma-separated paths among {', '.join(PATHS)}")
+    a("--repeats", type=int, default=20, help="timed messages per (path, size)")
+    a("--warmup", type=int, default=5, help="untimed messages before them")
+    a("--timeout", type=float, default=120.0, help="seconds any remote wait may take")
+    a("--out", default=None, help="write the calibration file here (JSON)")
+
+
+def validate(ns: argparse.Namespace, split: Any) -> None:
+    """Check the network benchmark's options in place (ConfigError with the one-line fix)."""
+    sizes = []
+    for item in split("--sizes", ns.sizes):
+        try:
+            size = parse_size(item, flag="--sizes")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if size < 4 or size % 4:
+            raise ConfigError(f"--sizes {item!r}: is {size} bytes; use a positive multiple of 4 bytes, "
+                              "e.g. 4KiB")
+        sizes.append(size)
+    if len(set(sizes)) < 2:
+        raise ConfigError(f"--sizes {ns.sizes!r}: a line needs two sizes or more, e.g. {DEFAULT_SIZES}")
+    paths = split("--paths", ns.paths)
+    bad = [p for p in paths if p not in PATHS]
+    if bad:
+        raise ConfigError(f"--paths {bad[0]!r}: choose among {', '.join(PATHS)}")
+    if ns.repeats < 3:
+        raise ConfigError(f"--repeats {ns.repeats!r}: use 3 or more (a median and its spread), e.g. 20")
+    if ns.warmup < 0:
+        raise ConfigError(f"--warmup {ns.warmup!r}: use an integer >= 0, e.g. 5")
+    if not (ns.timeout > 0 and np.isfinite(ns.timeout)):
+        raise ConfigError(f"--timeout {ns.timeout!r}: use a finite number of seconds > 0, e.g. 120")
+    ns.sizes, ns.paths = sorted(set(sizes)), list(dict.fromkeys(paths))
+
+
+def run_network(ns: argparse.Namespace, prog: str) -> dict[str, Any]:
+    """Measure every (path, size); return the calibration file's content."""
+    from testbed.analysis.results import provenance
+    from testbed.bench.lib import Runner
+    from testbed.bench.peers import busy_fraction
+    from testbed.config import ClusterConfig
+    from testbed.runtime.cluster import Cluster
+    from testbed.runtime.remote import get
+
+    cluster = Cluster(ClusterConfig(timeout_s=ns.timeout), workers=2, servers=1)
+    cluster.precheck_local()
+    busy = busy_fraction(1.0)
+    paths: dict[str, dict[str, Any]] = {}
+    with cluster:
+        runner = Runner(cluster, 2, seed=0, timeout=ns.timeout)
+        try:
+            nodes = get([p.node_id.remote() for p in runner.peers], ns.timeout, "node ids")
+            for path in ns.paths:
+                samples = {size: runner.one_way(path, size, ns.repeats, ns.warmup) for size in ns.sizes}
+                medians = [float(np.median(samples[s])) for s in ns.sizes]
+                entry: dict[str, Any] = {
+                    "sizes_bytes": ns.sizes, "one_way_s": medians,
+                    "one_way_s_p10": [float(np.percentile(samples[s], 10)) for s in ns.sizes],
+                    "one_way_s_p90": [float(np.percentile(samples[s], 90)) for s in ns.sizes],
+                    "samples": {str(s): v for s, v in samples.items()}}
+                try:
+                    link = fit(ns.sizes, medians)
+                    entry.update(alpha_s=link.alpha_s, bandwidth_Bps=link.bandwidth_Bps)
+                except ValueError as exc:
+                    entry["fit_error"] = str(exc)  # kept, and left out of --calibration's paths
+                paths[path] = entry
+        finally:
+            runner.close()
+    scope = "same node" if nodes[0] == nodes[1] else f"across nodes {nodes[0][:8]} and {nodes[1][:8]}"
+    doc = calibration_doc({k: v for k, v in paths.items() if "alpha_s" in v}, scope, provenance(),
+                          time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    doc.update(command=[prog, *ns.argv], busy_before=busy,
+               unfitted={k: v for k, v in paths.items() if "alpha_s" not in v})
+    return doc
+
+
+def report(doc: dict[str, Any]) -> str:
+    lines = [f"network between two actors ({doc['scope']}); machine busy before: "
+             f"{doc['busy_before']:.0%}" if doc.get("busy_before") is not None else
+             f"network between two actors ({doc['scope']})"]
+    for name, entry in {**doc["paths"], **doc.get("unfitted", {})}.items():
+        times = ", ".join(f"{format_bytes(s)} {t * 1e6:.0f} us" for s, t in
+                          zip(entry["sizes_bytes"], entry["one_way_s"], strict=True))
+        fitted = (f"alpha {entry['alpha_s'] * 1e6:.0f} us, bandwidth {entry['bandwidth_Bps'] / 1e9:.3g} GB/s"
+                  if "alpha_s" in entry else f"no fit: {entry['fit_error']}")
+        lines.append(f"  {name:8s} one-way {times} -> {fitted}")
+    return "\n".join(lines)

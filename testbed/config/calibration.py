@@ -1,0 +1,102 @@
+"""A real network's alpha and beta, measured: the calibration file. Pure (no Ray, no torch).
+
+`python -m testbed.bench network --out FILE` measures, between two actors, the one-way time t(s)
+of a message of s bytes over each message path the strategies use, at several sizes, and fits
+the alpha-beta line through the medians (least squares):
+
+    t(s) = alpha + s / B        alpha: latency per message (s), B: bandwidth (bytes/s)
+
+`--calibration FILE` gives a real-network run the cost model's times with the alpha and B of
+the path its strategy's messages take (`StrategySpec.message_path`):
+
+    channel  a shared-memory Ray channel between neighbours (the ring's object-store transport)
+    call     an actor call whose argument travels through the object store (parameter-server
+             pushes and pulls, MapReduce, gossip, the any-pair allreduce algorithms)
+    torch    torch.distributed point-to-point (the ring's torch transport)
+
+File format (JSON): {"schema_version": 1, "kind": "testbed-calibration", "created", "scope",
+"provenance", "paths": {PATH: {"alpha_s", "bandwidth_Bps", "sizes_bytes", "one_way_s",
+"one_way_s_p10", "one_way_s_p90", "samples"}}}; `scope` says between which endpoints it was
+measured (two actors on one node, today).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+KIND = "testbed-calibration"
+PATHS = ("channel", "call", "torch")
+MEASURE = "python -m testbed.bench network --out FILE"
+
+
+@dataclass(frozen=True)
+class Link:
+    alpha_s: float
+    bandwidth_Bps: float
+
+
+def fit(sizes: Sequence[float], seconds: Sequence[float]) -> Link:
+    """Least-squares alpha + s/B through (size, one-way seconds); ValueError if it is not a line
+    a network could have (B <= 0 or alpha < 0: the sizes were too close, or the times noise)."""
+    if len(sizes) != len(seconds) or len(set(sizes)) < 2:
+        raise ValueError("a fit needs one-way times at two sizes or more")
+    n = len(sizes)
+    mx, my = sum(sizes) / n, sum(seconds) / n
+    sxx = sum((x - mx) ** 2 for x in sizes)
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds, strict=True)) / sxx
+    alpha = my - slope * mx
+    if not slope > 0 or alpha < 0 or not math.isfinite(alpha):
+        shown = ", ".join(f"{t:.3g}" for t in seconds)
+        raise ValueError(f"times [{shown}] s at sizes {list(sizes)} B do not fit "
+                         f"alpha + s/B (alpha {alpha:.3g} s, 1/B {slope:.3g} s/B); measure larger "
+                         "sizes or more repeats")
+    return Link(alpha_s=alpha, bandwidth_Bps=1.0 / slope)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    path: str
+    links: Mapping[str, Link]
+    scope: str
+
+    def describe(self, name: str) -> str:
+        link = self.links[name]
+        return (f"calibration {self.path} ({name}: alpha {link.alpha_s * 1e6:.0f} us, "
+                f"{link.bandwidth_Bps / 1e9:.3g} GB/s, {self.scope})")
+
+
+def load_calibration(path: str) -> Calibration:
+    """Read a calibration file; ValueError naming the file, what is wrong and how to make one."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read it ({exc}); measure one with {MEASURE}") from None
+    if not isinstance(data, dict) or data.get("kind") != KIND or data.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"not a calibration file of schema {SCHEMA_VERSION}; measure one with {MEASURE}")
+    links = {}
+    for name, entry in (data.get("paths") or {}).items():
+        try:
+            link = Link(float(entry["alpha_s"]), float(entry["bandwidth_Bps"]))
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"path {name!r} has no numeric alpha_s and bandwidth_Bps; measure it "
+                             f"again with {MEASURE}") from None
+        if name not in PATHS or not link.alpha_s >= 0 or not link.bandwidth_Bps > 0:
+            raise ValueError(f"path {name!r}: alpha {link.alpha_s} s, bandwidth {link.bandwidth_Bps} B/s; "
+                             f"expected one of {', '.join(PATHS)} with alpha >= 0 and bandwidth > 0")
+        links[name] = link
+    if not links:
+        raise ValueError(f"it holds no measured path; measure one with {MEASURE}")
+    return Calibration(path=str(path), links=links, scope=str(data.get("scope", "unknown")))
+
+
+def calibration_doc(paths: Mapping[str, Mapping[str, Any]], scope: str,
+                    provenance: Mapping[str, Any], created: str) -> dict[str, Any]:
+    """The file's content from the measured paths (each with its fit and samples)."""
+    return {"schema_version": SCHEMA_VERSION, "kind": KIND, "created": created, "scope": scope,
+            "provenance": dict(provenance), "paths": {k: dict(v) for k, v in paths.items()}}
