@@ -44,7 +44,7 @@ importable from here too).
 
 --update-baseline runs every point afresh (earlier run folders are kept, not reused), with
 `--repeats` repeats (default: the spec's, at least 5; a baseline needs 3 to measure each
-point's spread) and, if all completed and the curves follow the cost model, writes the step-time
+point's spread; it stops at the first run that does not complete) and, if all completed and the curves follow the cost model, writes the step-time
 ratios, their spread and the provenance to --baseline (default results/baselines/scaling.json;
 `testbed.analysis.baseline`, format in results/README.md). Only this flag writes a baseline.
 
@@ -149,8 +149,9 @@ def _start_ray(points: list[Point]) -> bool:
     return start_ray(addresses.pop(), flag="cluster.address")
 
 
-def run_all(todo: list[Point], total: int, sweep_dir: Path, quiet: bool) -> bool:
-    """Run the points still to do, appending to points.jsonl; False if interrupted."""
+def run_all(todo: list[Point], total: int, sweep_dir: Path, quiet: bool, stop_on_failure: bool = False) -> bool:
+    """Run the points still to do, appending to points.jsonl; False if interrupted.
+    STOP_ON_FAILURE: end after the first run that did not complete (what comes after cannot help)."""
     bar = None
     if not quiet:
         from tqdm import tqdm
@@ -167,6 +168,10 @@ def run_all(todo: list[Point], total: int, sweep_dir: Path, quiet: bool) -> bool
             _append(sweep_dir / "points.jsonl", record)
             if bar is not None:
                 bar.update(1)
+            if stop_on_failure and record["status"] != "completed":
+                print(f"testbed.sweep: {_point_label(point)} ended {record['status']}; a baseline needs "
+                      "every run, so the sweep stops here", file=sys.stderr)
+                break
     finally:
         if bar is not None:
             bar.close()
@@ -295,7 +300,8 @@ def _main(args: argparse.Namespace, spec: Spec, sweep_dir: Path, families: Mappi
             _append(sweep_dir / "points.jsonl", {"id": sid, "status": "skipped", **s})
     fresh = args.update_baseline or args.check  # measured now, by this code, not from old runs
     todo = [p for p in points if fresh or not _done(records.get(p.point_id), sweep_dir)]
-    code = _finish(spec, points, todo, skipped, sweep_dir, families, args.quiet)
+    code = _finish(spec, points, todo, skipped, sweep_dir, families, args.quiet,
+                   stop_on_failure=args.update_baseline)
     if args.update_baseline:
         code = _update_baseline(spec, sweep_dir, Path(args.baseline), code, args.quiet)
     elif reference is not None and code != 130:
@@ -367,7 +373,7 @@ def _done(record: dict[str, Any] | None, sweep_dir: Path) -> bool:
 
 
 def _finish(spec: Spec, points: list[Point], todo: list[Point], skipped: list[dict],
-            sweep_dir: Path, families: Mapping[str, str], quiet: bool) -> int:
+            sweep_dir: Path, families: Mapping[str, str], quiet: bool, stop_on_failure: bool = False) -> int:
     from testbed.interrupts import INTERRUPTS
     from testbed.runtime.rayprocs import stop_ray
 
@@ -377,7 +383,7 @@ def _finish(spec: Spec, points: list[Point], todo: list[Point], skipped: list[di
             if todo:
                 with interrupts.deferred():
                     started = _start_ray(todo)
-            complete = run_all(todo, len(points), sweep_dir, quiet)
+            complete = run_all(todo, len(points), sweep_dir, quiet, stop_on_failure)
         except ConfigError as exc:
             print(f"testbed.sweep: error: {exc}", file=sys.stderr)
             return 2
