@@ -101,6 +101,21 @@ def _split(flag: str, text: str) -> list[str]:
     return items
 
 
+def parse_sizes(text: str) -> list[int]:
+    """--sizes: comma-separated sizes, each a positive multiple of 4 bytes (float32 elements)."""
+    sizes = []
+    for item in _split("--sizes", text):
+        try:
+            size = parse_size(item, flag="--sizes")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if size < 4 or size % 4:
+            raise ConfigError(f"--sizes {item!r}: is {size} bytes; use a positive multiple of 4 bytes "
+                              "(float32 elements), e.g. 4KB or 4KiB")
+        sizes.append(size)
+    return sizes
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """argv -> validated options (raises ConfigError with the one-line message)."""
     ns = build_parser().parse_args(argv)
@@ -112,23 +127,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if os.path.isdir(ns.out) or not os.path.isdir(parent):
             raise ConfigError(f"--out {ns.out!r}: give a file path in an existing folder, e.g. bench.json")
     if ns.command == "network":
-        network.validate(ns, _split)
+        network.validate(ns, _split, parse_sizes)
         return ns
     workers = []
     for item in _split("--workers", ns.workers):
         if not item.isdigit() or not 2 <= int(item) <= MAX_WORKERS:
             raise ConfigError(f"--workers {item!r}: use integers in 2..{MAX_WORKERS}, e.g. 2,4,8")
         workers.append(int(item))
-    sizes = []
-    for item in _split("--sizes", ns.sizes):
-        try:
-            size = parse_size(item, flag="--sizes")
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if size < 4 or size % 4:
-            raise ConfigError(f"--sizes {item!r}: is {size} bytes; use a positive multiple of 4 bytes "
-                              "(float32 elements), e.g. 4KB or 4KiB")
-        sizes.append(size)
+    sizes = parse_sizes(ns.sizes)
     if ns.repeats < 1:
         raise ConfigError(f"--repeats {ns.repeats!r}: use a positive integer, e.g. 5")
     if ns.warmup < 0:

@@ -27,7 +27,7 @@ import numpy as np
 
 from testbed.config import ConfigError
 from testbed.config.calibration import PATHS, calibration_doc, fit
-from testbed.units import format_bytes, parse_size
+from testbed.units import format_bytes
 
 DEFAULT_SIZES = "4KiB,256KiB,4MiB"
 
@@ -43,18 +43,10 @@ def add_arguments(sub: Any, parser_class: type) -> None:
     a("--out", default=None, help="write the calibration file here (JSON)")
 
 
-def validate(ns: argparse.Namespace, split: Any) -> None:
-    """Check the network benchmark's options in place (ConfigError with the one-line fix)."""
-    sizes = []
-    for item in split("--sizes", ns.sizes):
-        try:
-            size = parse_size(item, flag="--sizes")
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if size < 4 or size % 4:
-            raise ConfigError(f"--sizes {item!r}: is {size} bytes; use a positive multiple of 4 bytes, "
-                              "e.g. 4KiB")
-        sizes.append(size)
+def validate(ns: argparse.Namespace, split: Any, parse_sizes: Any) -> None:
+    """Check the network benchmark's options in place (ConfigError with the one-line fix);
+    SPLIT and PARSE_SIZES are the benchmark CLI's list and size parsers."""
+    sizes = parse_sizes(ns.sizes)
     if len(set(sizes)) < 2:
         raise ConfigError(f"--sizes {ns.sizes!r}: a line needs two sizes or more, e.g. {DEFAULT_SIZES}")
     paths = split("--paths", ns.paths)

@@ -27,7 +27,8 @@ from testbed.analysis.baseline import (
     shortest_interval,
     spec_identity,
 )
-from testbed.sweep import check_sweep, load_spec, main, spec_dict
+from testbed.sweep import load_spec, main, spec_dict
+from testbed.sweepcheck import check_sweep
 from tests.ray.helpers import make_config, run_strategy
 
 pytestmark = pytest.mark.slow

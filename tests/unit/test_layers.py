@@ -31,7 +31,7 @@ LAYERS = [
     {"ps", "mapreduce", "allreduce", "gossip"},
     {"registry", "reference"},
     {"session", "interrupts"},
-    {"run", "sweep", "sweepspec", "bench", "docs", "__main__", "__init__"},
+    {"run", "sweep", "sweepcheck", "sweepspec", "bench", "docs", "__main__", "__init__"},
 ]
 STRATEGY_PACKAGES = LAYERS[6]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}

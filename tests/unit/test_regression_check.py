@@ -172,10 +172,10 @@ def test_allow_machine_change_accepts_a_real_baseline_of_another_machine(tmp_pat
     import argparse
 
     from testbed.analysis.results import provenance
-    from testbed.sweep import _baseline_for_check
+    from testbed.sweepcheck import baseline_for_check
     from testbed.sweepspec import load_spec
 
     spec = _spec_file(tmp_path)
     path, data = _baseline_of(tmp_path, spec, mode="real", prov={**provenance(), "cpu_count": 64})
     args = argparse.Namespace(baseline=str(path), spec=str(spec), allow_machine_change=True)
-    assert _baseline_for_check(load_spec(spec), args)["mode"] == "real"
+    assert baseline_for_check(load_spec(spec), args)["mode"] == "real"
