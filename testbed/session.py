@@ -252,10 +252,25 @@ def summarize_run(spec: StrategySpec, cfg: RunConfig, steps: Any, updates: Any, 
 
     summary = summarize(steps, updates, strategy=cfg.strategy, workers=cfg.workers, status=status)
     summary["workload"] = cfg.workload.name
+    summary["tensors"] = tensor_count(cfg.workload)
     summary["dilation"] = cfg.network.dilation
     summary.update(predictions(spec, cfg, summary, steps, updates, extra))
     summary.update(extra)
     return summary
+
+
+def tensor_count(workload: Any) -> int | None:
+    """Gradient tensors of a synthetic workload (plain, or a profile's); None for a torch model
+    (counting its tensors would build it on the driver)."""
+    if workload.profile is not None:
+        from testbed.workloads.profiles import load_profile
+
+        return len(load_profile(workload.profile).names)
+    if not workload.real_compute:
+        from testbed.workloads.synthetic import TENSORS
+
+        return TENSORS
+    return None
 
 
 def critical_comm_s(steps: Any, updates: Any) -> float:

@@ -62,6 +62,8 @@ SUMMARY = {
     "elapsed_s": ("s", "whole run, including Ray and actor start-up and teardown"),
     "startup_s": ("s", "from the start of the run to the first worker iteration"),
     "startup_ray_s": ("s", "of that: checks and starting (or attaching to) Ray"),
+    "tensors": ("count", "gradient tensors of a synthetic workload (8, or the profile's model's); null "
+                         "for a torch model"),
     "startup_actors_s": ("s", "of that: the run folder, the strategy's actor processes and their wiring"),
     "startup_first_update_s": ("s", "from the actors being ready to the first model update (real "
                                     "seconds, not divided by --dilation)"),

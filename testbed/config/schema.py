@@ -25,6 +25,26 @@ from testbed.config.stragglers import StragglerSpec, format_stragglers, parse_st
 
 MAX_WORKERS = 4096  # far past what one Ray cluster here can place; resources are checked later
 WORKLOADS = ("mlp", "logreg", "synthetic")
+PROFILE = "profile:"  # --workload profile:NAME: the synthetic workload shaped as a real model
+
+
+def profile_names() -> tuple[str, ...]:
+    """The real-model shapes `--workload profile:NAME` knows: the keys of
+    testbed/workloads/profiles.json (read as data here; config sits below the workloads)."""
+    import json
+    from pathlib import Path
+
+    table = Path(__file__).resolve().parent.parent / "workloads" / "profiles.json"
+    return tuple(json.loads(table.read_text()))
+
+
+def _workload_check(value: Any) -> str | None:
+    if value in WORKLOADS:
+        return None
+    if isinstance(value, str) and value.startswith(PROFILE) and value[len(PROFILE):] in profile_names():
+        return None
+    return (f"choose one of {', '.join(WORKLOADS)} or a real model's shape: "
+            f"{', '.join(PROFILE + n for n in profile_names())}")
 DEVICES = ("auto", "cpu", "cuda")
 PLACEMENTS = ("pack", "spread")
 
@@ -137,8 +157,10 @@ def _faults(text: str) -> Faults:
 class WorkloadConfig:
     """workload"""
 
-    name: str = opt("mlp", flag="--workload", check=choice(WORKLOADS),
-                    help="mlp, logreg (torch, synthetic classification data) or synthetic (no model)")
+    name: str = opt("mlp", flag="--workload", check=_workload_check,
+                    help="mlp, logreg (torch, synthetic classification data), synthetic (no model), "
+                         "or profile:NAME (synthetic, shaped as resnet50, resnet101, vgg16, bert-base, "
+                         "bert-large or gpt2)")
     batch_size: int = opt(32, check=integer(1, 1_000_000, "use a positive integer (per worker)"),
                           help="samples per worker per iteration")
     lr: float = opt(0.1, check=real(0, high=None, low_ok=False, fix="use a finite learning rate > 0, e.g. 0.1"),
@@ -165,10 +187,15 @@ class WorkloadConfig:
         _parse_fields(self)
 
     @property
+    def profile(self) -> str | None:
+        """The real model whose tensors a synthetic gradient is shaped as (profile:NAME), or None."""
+        return self.name[len(PROFILE):] if self.name.startswith(PROFILE) else None
+
+    @property
     def real_compute(self) -> bool:
         """A torch model computes for real (imports torch, cannot be dilated, its compute time is
-        measured); the synthetic workload sleeps a set compute time."""
-        return self.name != "synthetic"
+        measured); the synthetic workload (plain or shaped as a real model) sleeps a set compute time."""
+        return self.name != "synthetic" and self.profile is None
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,9 @@ def validate(cfg: RunConfig, specs: Mapping[str, Any]) -> RunConfig:
 def _validate_workload(cfg: RunConfig) -> None:
     if cfg.workload.payload.scale != 1.0 and cfg.workload.real_compute:
         fail("workload.payload", cfg.workload.payload, "only the synthetic workload has a scalable payload")
+    if cfg.workload.profile is not None and cfg.workload.grad_mb != default_of("workload.grad_mb"):
+        fail("workload.grad_mb", cfg.workload.grad_mb, f"--workload {cfg.workload.name} has the model's own "
+             "gradient size; drop --grad-mb (or use --workload synthetic)")
 
 
 def _validate_network(cfg: RunConfig) -> None:

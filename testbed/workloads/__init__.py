@@ -11,7 +11,7 @@ from testbed.workloads.base import Workload
 
 def make_workload(cfg: WorkloadConfig, *, seed: int, workers: int, device: str = "cpu") -> Workload:
     """Build the workload replica for one process (all replicas start identical)."""
-    if cfg.name == "synthetic":
+    if not cfg.real_compute:  # plain, or shaped as a real model (profile:NAME)
         from testbed.workloads.synthetic import SyntheticWorkload
 
         return SyntheticWorkload(cfg, seed=seed, workers=workers)

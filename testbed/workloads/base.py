@@ -61,6 +61,12 @@ class Workload(ABC):
         params -= np.float32(lr) * grad
         self.set_params(params)
 
+    def logical_sizes(self) -> list[int]:
+        """Each tensor's logical float32 elements (what buckets are formed from): the physical
+        ones scaled up, unless the workload knows them exactly (a profile's)."""
+        factor = self.logical_bytes / (4 * self.numel)
+        return [int(round(int(np.prod(shape, dtype=np.int64)) * factor)) for _, shape in self.layout]
+
     # ---- flat-vector helpers
     def slices(self) -> list[slice]:
         out, start = [], 0

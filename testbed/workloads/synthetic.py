@@ -10,6 +10,8 @@ The reported loss is the per-element mean of 1/2 (w - w*)^2.
 emulated transfer uses the logical size (`logical_bytes`), memory and copies the physical one.
 Compute time is slept (forward, then backward spread over the buckets it produces), so N
 workers on a small machine do not compete for cores they would not share on a cluster.
+`--workload profile:NAME` lays the vector out as a real model's tensors and spreads backward
+by their FLOPs (testbed.workloads.profiles).
 This module never imports torch.
 """
 
@@ -23,6 +25,7 @@ import numpy as np
 from testbed.config import WorkloadConfig
 from testbed.emulation.network import sleep_until
 from testbed.workloads.base import Workload
+from testbed.workloads.profiles import load_profile
 
 TENSORS = 8
 NOISE = 0.1
@@ -31,14 +34,29 @@ NOISE = 0.1
 class SyntheticWorkload(Workload):
     def __init__(self, cfg: WorkloadConfig, *, seed: int, workers: int) -> None:
         self.cfg, self.seed, self.workers = cfg, seed, workers
-        logical_elems = max(1, int(cfg.grad_mb * 2**20) // 4)
-        self.logical_bytes = logical_elems * 4
-        self.numel = max(TENSORS, int(round(logical_elems * cfg.payload.scale)))
-        per, extra = divmod(self.numel, TENSORS)
-        self.layout = [(f"layer{i}", (per + (1 if i < extra else 0),)) for i in range(TENSORS)]
+        if cfg.profile is not None:  # a real model's tensors (testbed.workloads.profiles)
+            profile = load_profile(cfg.profile)
+            self._logical = profile.numels
+            self.logical_bytes = 4 * profile.params
+            physical = [max(1, int(round(n * cfg.payload.scale))) for n in self._logical]
+            self.layout = [(name, (n,)) for name, n in zip(profile.names, physical, strict=True)]
+            flops = sum(profile.backward_flops)
+            self.backward_share = [f / flops for f in profile.backward_flops]
+            self.numel = sum(physical)
+        else:
+            logical_elems = max(1, int(cfg.grad_mb * 2**20) // 4)
+            self.logical_bytes = logical_elems * 4
+            self.numel = max(TENSORS, int(round(logical_elems * cfg.payload.scale)))
+            per, extra = divmod(self.numel, TENSORS)
+            self.layout = [(f"layer{i}", (per + (1 if i < extra else 0),)) for i in range(TENSORS)]
+            self._logical = None
+            self.backward_share = [shape[0] / self.numel for _, shape in self.layout]
         self.target = np.random.default_rng([seed, 3]).standard_normal(self.numel, dtype=np.float32)
         self.w = np.zeros(self.numel, dtype=np.float32)
         self._noise: dict[int, np.ndarray] = {}
+
+    def logical_sizes(self) -> list[int]:
+        return list(self._logical) if self._logical is not None else super().logical_sizes()
 
     def get_params(self) -> np.ndarray:
         return self.w.copy()
@@ -83,7 +101,8 @@ class SyntheticWorkload(Workload):
         self, batch: list[tuple[int, int]], buckets: list[list[int]],
         on_ready: Callable[[int, np.ndarray], None],
     ) -> tuple[np.ndarray, float, int]:
-        """Forward, then each bucket after its share of the backward time (last layers first)."""
+        """Forward, then each bucket after its share of the backward time (last layers first):
+        the share of its tensors' elements, or of their backward FLOPs under a profile."""
         total = self.cfg.compute_ms / 1000.0
         t = time.perf_counter() + total * (1 - self.cfg.backward_frac)
         grad, loss = self._exact_gradient(batch)
@@ -91,7 +110,7 @@ class SyntheticWorkload(Workload):
         backward = total * self.cfg.backward_frac
         for b, idx in enumerate(buckets):
             view = self.bucket_view(grad, idx)
-            t += backward * view.size / self.numel
+            t += backward * sum(self.backward_share[i] for i in idx)
             _sleep_until(t)
             on_ready(b, view)
         return grad, loss, self.cfg.batch_size * len(batch)

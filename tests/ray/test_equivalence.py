@@ -12,6 +12,9 @@ from tests.ray.helpers import make_config, run_strategy
 SYN = {"workload.name": "synthetic", "workload.grad_mb": 0.01, "workload.compute_ms": 0.0}
 SMALL_BUCKETS = {**SYN, "ring.bucket_mb": 0.004}  # 8 tensors of 328 floats: 2 tensors a bucket
 MLP = {"workload.name": "mlp"}
+# ResNet-50's 161 tensors at 1/10000 of their size, bucketed by their real sizes (25 MiB: 5 buckets)
+PROFILE = {"workload.name": "profile:resnet50", "workload.payload": "scaled:0.0001",
+           "workload.compute_ms": 0.0, "workload.grad_mb": 4.0}  # 4.0: the default, as the profile asks
 CASES = [
     ("mapreduce", 3, MLP),
     ("ps-sync", 3, MLP),
@@ -27,13 +30,16 @@ CASES = [
     # buckets overlapped, any-pair sends over gloo (the ring's exchange over torch: test_ring.py)
     ("ring", 3, {**SMALL_BUCKETS, "ring.transport": "torch", "ring.algorithm": "halving-doubling"}),
     ("allreduce-torch", 3, SMALL_BUCKETS),
+    ("ring", 2, PROFILE),
 ]
 
 
 def _id(strategy, n, extra):
     shown = {k: v for k, v in extra.items() if k not in SYN}
-    kind = "synthetic" if extra.get("workload.name") == "synthetic" else "mlp"
-    return f"{strategy}-n{n}-{kind}" + "".join(f"-{k}={v}" for k, v in shown.items() if k != "workload.name")
+    kind = extra.get("workload.name", "mlp")
+    return f"{strategy}-n{n}-{kind}" + "".join(f"-{k}={v}" for k, v in shown.items()
+                                              if k not in ("workload.name", "workload.payload",
+                                                           "workload.grad_mb"))
 
 
 @pytest.mark.parametrize(("strategy", "workers", "extra"), CASES, ids=[_id(*c) for c in CASES])
@@ -51,6 +57,9 @@ def test_matches_single_process_sgd(strategy, workers, extra):
             np.testing.assert_allclose(rep, out["replicas"][0], rtol=1e-6, atol=1e-7)
     if extra.get("ring.bucket_mb"):
         assert out["summary"]["buckets"] > 1
+    if extra is PROFILE:  # the model's tensors, its logical size, buckets over its real sizes
+        s = out["summary"]
+        assert (s["tensors"], s["buckets"], s["grad_bytes_logical"]) == (161, 5, 4 * 25_557_032)
 
 
 def test_reference_is_not_trivially_equal():

@@ -46,6 +46,8 @@ BAD = [
     ("transport-on-mapreduce", ["--transport", "torch", "--strategy", "mapreduce"], "'torch'"),
     ("payload-scaled-two", ["--workload", "synthetic", "--payload", "scaled:2"], "'scaled:2'"),
     ("latency-without-bandwidth", ["--latency", "50us"], "'50us'"),
+    ("profile-unknown", ["--workload", "profile:alexnet"], "profile:resnet50"),
+    ("profile-with-grad-mb", ["--workload", "profile:gpt2", "--grad-mb", "8"], "drop --grad-mb"),
     ("calibration-missing", ["--calibration", "{file}.none"], "testbed.bench network"),
     ("calibration-not-one", ["--calibration", "{file}"], "cannot read it"),
     ("out-is-a-file", ["--out", "{file}"], "{file}"),

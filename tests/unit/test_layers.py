@@ -46,7 +46,8 @@ PURE = [
     "testbed.analysis.runplots", "testbed.strategy", "testbed.registry", "testbed.sweepspec",
     "testbed.allreduce.ring", "testbed.allreduce.algorithms", "testbed.allreduce.spec",
     "testbed.gossip.topology", "testbed.gossip.spec", "testbed.ps.ssp", "testbed.ps.schedule",
-    "testbed.ps.spec", "testbed.mapreduce.spec", "testbed.workloads.synthetic", "testbed.run",
+    "testbed.ps.spec", "testbed.mapreduce.spec", "testbed.workloads.synthetic",
+    "testbed.workloads.profiles", "testbed.run",
 ]
 
 
