@@ -352,4 +352,5 @@ def predictions(spec: StrategySpec, cfg: RunConfig, summary: dict[str, Any], ste
                 "formula": pred.formula,
                 "predicted_comm_s_no_overlap": pred.comm_s if pred.comm_s_no_overlap is None
                 else pred.comm_s_no_overlap})
+    out["predicted_overlap_saved_s"] = out["predicted_comm_s_no_overlap"] - pred.comm_s
     return out

@@ -170,6 +170,14 @@ class RingPeer(WorkerBase):
     def num_buckets(self) -> int:
         return len(self.buckets)
 
+    def bucket_plan(self) -> tuple[list[int], list[float] | None]:
+        """Each bucket's logical bytes, and its share of backward where the workload knows it
+        (synthetic: by elements or a profile's FLOPs; a torch model: None)."""
+        logical = self.workload.logical_sizes()
+        share = getattr(self.workload, "backward_share", None)
+        return ([4 * sum(logical[i] for i in b) for b in self.buckets],
+                None if share is None else [float(sum(share[i] for i in b)) for b in self.buckets])
+
 
     # ---- one training step
     def _reduce_bucket(self, iteration: int, b: int, view: Any) -> tuple[float, int, int]:

@@ -30,6 +30,9 @@ FORMULAS = {
 SUMMARY_KEYS = {
     "grad_bytes_logical": "bytes: the logical gradient K",
     "buckets": "count: gradient buckets (tensor fusion, --bucket-mb)",
+    "bucket_bytes_logical": "bytes: each bucket's logical size, in the order backward produces them",
+    "bucket_backward_share": "fractions: each bucket's share of backward (synthetic: by elements, or "
+                             "by the profile's FLOPs); null for a torch model",
     "bucket_allreduce_s": "s: mean allreduce time per bucket, in bucket order",
     "allreduce_s_p50": "s: median over steps of the summed bucket allreduce times",
     "overlap_saved_s": "s: mean per worker step of (summed bucket allreduce time - comm time after "
@@ -100,12 +103,22 @@ class AllreduceSpec(StrategySpec):
             return Prediction(comm, f"(N-1)*({'b*' if buckets > 1 else ''}a + 2*F*K/B) "
                                     f"(top-k, F={spec.fraction:g})")
         alg = cfg.ring.algorithm
-        comm = allreduce_comm_s(alg, n, spec.wire_bytes(k), a, b, buckets=buckets,
-                                node_size=resolved.get("node_size"), nodes=resolved.get("nodes"))
+        shape = {"node_size": resolved.get("node_size"), "nodes": resolved.get("nodes")}
+        comm = allreduce_comm_s(alg, n, spec.wire_bytes(k), a, b, buckets=buckets, **shape)
         formula = FORMULAS[alg]
         if buckets > 1:  # every round's latency is paid once per bucket
             formula = formula.replace("(a + ", "(b*a + ").replace("log2(p)*a", "log2(p)*b*a")
-        return Prediction(comm, formula + (" with K/2 (fp16)" if spec.kind == "fp16" else ""))
+        formula += " with K/2 (fp16)" if spec.kind == "fp16" else ""
+        shares, sizes = resolved.get("bucket_backward_share"), resolved.get("bucket_bytes_logical")
+        if not (cfg.ring.overlap and n > 1 and shares and sizes and not cfg.workload.real_compute):
+            return Prediction(comm, formula)
+        # buckets allreduced as backward produces them: only what outlasts backward is exposed
+        total = cfg.workload.compute_ms / 1000.0
+        each = [allreduce_comm_s(alg, n, spec.wire_bytes(x), a, b, **shape) for x in sizes]
+        exposed = costmodel.overlapped_comm_s(total * (1 - cfg.workload.backward_frac),
+                                              total * cfg.workload.backward_frac, shares, each)
+        return Prediction(exposed, formula + ", overlapped bucket by bucket with backward "
+                          "(costmodel.overlapped_comm_s)", comm_s_no_overlap=sum(each))
 
     def bytes_per_worker(self, cfg: RunConfig, resolved: Mapping[str, Any]) -> float:
         """Every algorithm moves 2(N-1)K in all, 2K(N-1)/N per worker on average; top-k sends

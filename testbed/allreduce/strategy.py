@@ -60,6 +60,7 @@ class RingAllreduce(Strategy):
         self.groups = self._node_groups()
         self.layout = remote.get(self.peers[0].layout.remote(), t, "layout")
         self.num_buckets = remote.get(self.peers[0].num_buckets.remote(), t, "buckets")
+        self.bucket_bytes, self.bucket_shares = remote.get(self.peers[0].bucket_plan.remote(), t, "buckets")
         self.grad_bytes = remote.get(self.peers[0].logical_bytes.remote(), t, "sizes")
 
     def _node_groups(self) -> list[list[int]]:
@@ -148,6 +149,7 @@ class RingAllreduce(Strategy):
         algbw = k / allreduce_s if allreduce_s > 0 else None
         return {
             "grad_bytes_logical": k, "buckets": self.num_buckets,
+            "bucket_bytes_logical": self.bucket_bytes, "bucket_backward_share": self.bucket_shares,
             "bucket_allreduce_s": [float(x) for x in np.mean(np.array(self.bucket_s), axis=0)] if self.bucket_s else [],
             "allreduce_s_p50": allreduce_s,
             "overlap_saved_s": float(np.mean(self.overlap_saved)) if self.overlap_saved else 0.0,

@@ -236,3 +236,32 @@ def ps_async_comm_s(n: int, k: float, a: float, b: float, shards: int = 1,
     p = k if push is None else push
     # One push of P/S bytes to a shard and one pull of K/S back, with nobody queued ahead.
     return 2 * a + (p + k) / (shards * b)
+
+
+def overlapped_comm_s(forward_s: float, backward_s: float, shares: list[float],
+                      bucket_comm_s: list[float]) -> float:
+    """Communication left after compute when buckets are allreduced as backward produces them.
+
+    Bucket b (in the order backward finishes them: last layers first) is ready once forward
+    and its share of backward are done; the allreduces run one after another on one
+    communication thread, each as soon as its bucket is ready and the previous one is done:
+
+        compute  |--- forward ---|======== backward ========|
+        ready                        r0        r1            r2 (= end of compute)
+        comm                         [ c0 ]    [  c1  ][    c2    ]
+                                                                   ^ step ends: compute + exposed
+
+        ready_b = forward + backward * (shares_0 + ... + shares_b)
+        end_b   = max(ready_b, end_{b-1}) + c_b,   exposed = end_last - (forward + backward)
+
+    `shares` are the buckets' fractions of backward (by FLOPs under a profile, by elements for
+    the plain synthetic gradient), `bucket_comm_s` each bucket's allreduce alone (alpha-beta).
+    The no-overlap time is sum(bucket_comm_s); the saving is the difference.
+    """
+    if len(shares) != len(bucket_comm_s) or not shares:
+        raise ValueError(f"one share per bucket: {len(shares)} shares, {len(bucket_comm_s)} buckets")
+    end, done = 0.0, forward_s
+    for share, c in zip(shares, bucket_comm_s, strict=True):
+        done += backward_s * share
+        end = max(done, end) + c
+    return end - (forward_s + backward_s)

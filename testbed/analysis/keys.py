@@ -99,6 +99,9 @@ SUMMARY = {
     "predicted_comm_s": ("s", "emulated or calibrated network: the alpha-beta model's communication "
                               "per update"),
     "predicted_comm_s_no_overlap": ("s", "emulated or calibrated network: the model's no-overlap upper bound"),
+    "predicted_overlap_saved_s": ("s", "emulated or calibrated network: `predicted_comm_s_no_overlap - "
+                                       "predicted_comm_s`, what the model says overlap (or pipelining) hides "
+                                       "(the ring's measured counterpart: `overlap_saved_s`)"),
     "predicted_compute_s": ("s", "emulated or calibrated network: the compute the step prediction adds"),
     "predicted_compute_source": ("", "where that compute comes from: `--compute-ms` (synthetic) or "
                                      "`measured` (a real model's median slowest compute)"),

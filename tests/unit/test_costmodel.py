@@ -145,3 +145,19 @@ def test_formulas_reject_bad_inputs(kwargs, bad):
 def test_ps_rejects_zero_shards():
     with pytest.raises(ValueError, match="shards 0"):
         ps_sync_comm_s(4, K, A, B, shards=0)
+
+
+def test_overlapped_buckets_expose_only_what_outlasts_backward():
+    from testbed.analysis.costmodel import overlapped_comm_s
+
+    # no compute: nothing to hide under, every allreduce is exposed
+    assert overlapped_comm_s(0.0, 0.0, [0.5, 0.5], [0.1, 0.2]) == pytest.approx(0.3)
+    # short allreduces: each ends before the next bucket is ready; only the last one shows
+    assert overlapped_comm_s(0.1, 1.0, [0.5, 0.5], [0.01, 0.02]) == pytest.approx(0.02)
+    # by hand: forward 0.1, backward 0.4 in shares 1/4, 1/4, 1/2 -> ready 0.2, 0.3, 0.5;
+    # c = 0.15 each: ends 0.35, 0.50, 0.65 -> 0.15 after compute ends at 0.5
+    assert overlapped_comm_s(0.1, 0.4, [0.25, 0.25, 0.5], [0.15] * 3) == pytest.approx(0.15)
+    # a queue: long allreduces pile up behind the first; exposed = first ready + sum - compute
+    assert overlapped_comm_s(0.0, 1.0, [0.1, 0.9], [2.0, 2.0]) == pytest.approx(0.1 + 4.0 - 1.0)
+    with pytest.raises(ValueError, match="one share per bucket"):
+        overlapped_comm_s(0.0, 1.0, [1.0], [0.1, 0.1])
