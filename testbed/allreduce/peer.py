@@ -82,7 +82,8 @@ class RingPeer(WorkerBase):
         # buckets by logical bytes: a scaled payload (--payload scaled:F) is bucketed as the
         # gradient it stands for, so overlap and per-bucket latency are those of the real size
         elems = max(1, int(config.ring.bucket_mb * 2**20 / 4))
-        self.buckets = make_buckets(self.workload.logical_sizes(), elems)
+        first = max(1, int(config.ring.first_bucket_mb * 2**20 / 4))
+        self.buckets = make_buckets(self.workload.logical_sizes(), elems, first)
         self.bucket_numels = [sum(sizes[i] for i in b) for b in self.buckets]
         self.algorithm = config.ring.algorithm
         self.compress_spec = config.compression

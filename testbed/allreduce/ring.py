@@ -172,15 +172,19 @@ def reference_allreduce(buffers: list[np.ndarray], op: str = "sum") -> list[np.n
     return bufs
 
 
-def make_buckets(numels: list[int], bucket_elems: int) -> list[list[int]]:
+def make_buckets(numels: list[int], bucket_elems: int, first_elems: int | None = None) -> list[list[int]]:
     """Group tensor indices into fused-allreduce buckets, walking in reverse order.
 
     Backward produces the last layers' gradients first, so bucketing from the
     end lets the first bucket launch while earlier layers are still computing.
     A tensor is never split; one larger than bucket_elems gets its own bucket.
+    `first_elems` caps the first bucket lower (as DDP does, 1 MiB), so communication
+    starts after the first few tensors rather than after a full bucket.
     """
     if bucket_elems < 1:
         raise ValueError(f"bucket_elems must be >= 1, got {bucket_elems}")
+    if first_elems is not None and first_elems < 1:
+        raise ValueError(f"first_elems must be >= 1, got {first_elems}")
     for i, k in enumerate(numels):
         if k < 0:
             raise ValueError(f"numels[{i}] must be >= 0, got {k}")
@@ -189,7 +193,8 @@ def make_buckets(numels: list[int], bucket_elems: int) -> list[list[int]]:
     size = 0
     for idx in reversed(range(len(numels))):
         k = numels[idx]
-        if current and size + k > bucket_elems:
+        cap = min(bucket_elems, first_elems) if first_elems is not None and not buckets else bucket_elems
+        if current and size + k > cap:
             buckets.append(current)
             current, size = [], 0
         current.append(idx)

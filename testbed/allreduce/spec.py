@@ -17,7 +17,7 @@ from testbed.config import RunConfig, fail
 from testbed.strategy import NotModelled, Prediction, StrategySpec
 
 TRANSPORTS = ("object-store", "torch")
-RING_KEYS = frozenset({"ring.bucket_mb", "ring.overlap", "ring.transport", "ring.algorithm",
+RING_KEYS = frozenset({"ring.bucket_mb", "ring.first_bucket_mb", "ring.overlap", "ring.transport", "ring.algorithm",
                        "ring.node_size", "compression"})
 
 FORMULAS = {
@@ -68,7 +68,7 @@ class AllreduceSpec(StrategySpec):
     def __init__(self, *, library: bool) -> None:
         self.library = library  # torch.distributed.all_reduce sums the buckets
         self.name = "allreduce-torch" if library else "ring"
-        self.keys = frozenset({"ring.bucket_mb", "ring.overlap"}) if library else RING_KEYS
+        self.keys = frozenset({"ring.bucket_mb", "ring.first_bucket_mb", "ring.overlap"}) if library else RING_KEYS
         self.choices = {} if library else {"ring.transport": TRANSPORTS, "ring.algorithm": ALGORITHMS}
 
     def validate(self, cfg: RunConfig) -> None:

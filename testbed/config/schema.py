@@ -230,6 +230,9 @@ class RingConfig:
 
     bucket_mb: float = opt(25.0, check=real(0, None, low_ok=False, fix="use a bucket size in MiB > 0, e.g. 25"),
                            help="gradient bucket size (MiB)")
+    first_bucket_mb: float = opt(1.0, check=real(0, None, low_ok=False, fix="use a size in MiB > 0, e.g. 1"),
+                                 help="cap of the first bucket (the last layers' gradients), as DDP's 1 MiB, "
+                                      "so communication starts early in backward")
     overlap: bool = opt(True, action="optional", help="allreduce buckets while backward runs")
     transport: str = opt("object-store", help="object-store (Ray shared-memory channels) or torch (gloo/NCCL p2p)")
     algorithm: str = opt("ring", help="how a bucket is summed")

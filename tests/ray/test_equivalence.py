@@ -12,7 +12,8 @@ from tests.ray.helpers import make_config, run_strategy
 SYN = {"workload.name": "synthetic", "workload.grad_mb": 0.01, "workload.compute_ms": 0.0}
 SMALL_BUCKETS = {**SYN, "ring.bucket_mb": 0.004}  # 8 tensors of 328 floats: 2 tensors a bucket
 MLP = {"workload.name": "mlp"}
-# ResNet-50's 161 tensors at 1/10000 of their size, bucketed by their real sizes (25 MiB: 5 buckets)
+# ResNet-50's 161 tensors at 1/10000 of their size, bucketed by their real sizes (6 buckets: the
+# first of 1 MiB at most, then 25 MiB)
 PROFILE = {"workload.name": "profile:resnet50", "workload.payload": "scaled:0.0001",
            "workload.compute_ms": 0.0, "workload.grad_mb": 4.0}  # 4.0: the default, as the profile asks
 CASES = [
@@ -59,7 +60,7 @@ def test_matches_single_process_sgd(strategy, workers, extra):
         assert out["summary"]["buckets"] > 1
     if extra is PROFILE:  # the model's tensors, its logical size, buckets over its real sizes
         s = out["summary"]
-        assert (s["tensors"], s["buckets"], s["grad_bytes_logical"]) == (161, 5, 4 * 25_557_032)
+        assert (s["tensors"], s["buckets"], s["grad_bytes_logical"]) == (161, 6, 4 * 25_557_032)
 
 
 def test_reference_is_not_trivially_equal():

@@ -59,7 +59,7 @@ def test_overlap_on_a_real_model_shape_is_measured_and_predicted():
         "network.dilation": 5.0})
     out = run_strategy(cfg)
     s = out["summary"]
-    assert s["tensors"] == 161 and s["buckets"] == 5
+    assert s["tensors"] == 161 and s["buckets"] == 6
     spans = {}
     for e in out["events"]:
         spans.setdefault((e["actor"], e["phase"]), []).append((e["t0"], e["t1"]))

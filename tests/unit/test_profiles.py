@@ -52,8 +52,11 @@ def test_a_profile_lays_the_gradient_out_as_the_models_tensors():
     assert sum(w.backward_share) == pytest.approx(1.0)
     conv1 = p.names.index("conv1.weight")  # 3x7x7x64 at 112x112: the largest share of any stem tensor
     assert w.backward_share[conv1] > w.backward_share[p.names.index("bn1.weight")]
-    # DDP-like buckets over the real sizes: 97.5 MiB in 25 MiB buckets, tensors never split
+    # DDP-like buckets over the real sizes: 97.5 MiB in 25 MiB buckets, tensors never split;
+    # a first bucket of at most 1 MiB holds fc.bias alone (fc.weight is 7.8 MiB)
     assert len(make_buckets(w.logical_sizes(), 25 * 2**20 // 4)) == 5
+    first = make_buckets(w.logical_sizes(), 25 * 2**20 // 4, 2**20 // 4)
+    assert len(first) == 6 and [p.names[i] for i in first[0]] == ["fc.bias"]
 
 
 def test_backward_is_spread_over_the_buckets_by_flops():

@@ -214,3 +214,12 @@ def test_error_messages_name_the_value():
         chunk_bounds(-7, 2)
     with pytest.raises(ValueError, match="0"):
         chunk_bounds(5, 0)
+
+
+def test_the_first_bucket_is_capped_lower_as_in_ddp():
+    # last layers first: [3] alone under a cap of 4, then buckets of up to 6 again
+    assert make_buckets([3, 3, 3, 3], 6, first_elems=4) == [[3], [2, 1], [0]]
+    assert make_buckets([3, 3, 3, 3], 6, first_elems=100) == [[3, 2], [1, 0]]  # never above the cap
+    assert make_buckets([50, 2], 10, first_elems=1) == [[1], [0]]  # a tensor is never split
+    with pytest.raises(ValueError, match="first_elems"):
+        make_buckets([1], 1, first_elems=0)

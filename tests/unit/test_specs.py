@@ -69,6 +69,7 @@ def test_spec_keys_are_config_keys_and_every_key_has_a_flag():
 @pytest.mark.parametrize("key", sorted(strategy_keys(SPECS)))
 def test_a_key_is_rejected_for_a_strategy_that_does_not_read_it(key):
     values = {"ps.shards": 2, "ps.staleness_bound": 1, "ps.backup_workers": 1, "ring.bucket_mb": 1.0,
+                  "ring.first_bucket_mb": 2.0,
               "ring.overlap": False, "ring.transport": "torch", "ring.algorithm": "tree",
               "ring.node_size": 2, "gossip.topology": "complete", "gossip.asynchronous": True,
               "faults.checkpoint_every": 5, "compression": "fp16"}
