@@ -21,30 +21,10 @@ from testbed import units
 from testbed.config.checks import choice, integer, real
 from testbed.config.compression import CompressionSpec, parse_compression, short
 from testbed.config.faults import Fault, format_faults, parse_faults
+from testbed.config.profiles import PROFILE, WORKLOADS, workload_check  # noqa: F401 - WORKLOADS re-exported
 from testbed.config.stragglers import StragglerSpec, format_stragglers, parse_stragglers
 
 MAX_WORKERS = 4096  # far past what one Ray cluster here can place; resources are checked later
-WORKLOADS = ("mlp", "logreg", "synthetic")
-PROFILE = "profile:"  # --workload profile:NAME: the synthetic workload shaped as a real model
-
-
-def profile_names() -> tuple[str, ...]:
-    """The real-model shapes `--workload profile:NAME` knows: the keys of
-    testbed/workloads/profiles.json (read as data here; config sits below the workloads)."""
-    import json
-    from pathlib import Path
-
-    table = Path(__file__).resolve().parent.parent / "workloads" / "profiles.json"
-    return tuple(json.loads(table.read_text()))
-
-
-def _workload_check(value: Any) -> str | None:
-    if value in WORKLOADS:
-        return None
-    if isinstance(value, str) and value.startswith(PROFILE) and value[len(PROFILE):] in profile_names():
-        return None
-    return (f"choose one of {', '.join(WORKLOADS)} or a real model's shape: "
-            f"{', '.join(PROFILE + n for n in profile_names())}")
 DEVICES = ("auto", "cpu", "cuda")
 PLACEMENTS = ("pack", "spread")
 
@@ -157,7 +137,7 @@ def _faults(text: str) -> Faults:
 class WorkloadConfig:
     """workload"""
 
-    name: str = opt("mlp", flag="--workload", check=_workload_check,
+    name: str = opt("mlp", flag="--workload", check=workload_check,
                     help="mlp, logreg (torch, synthetic classification data), synthetic (no model), "
                          "or profile:NAME (synthetic, shaped as resnet50, resnet101, vgg16, bert-base, "
                          "bert-large or gpt2)")
