@@ -13,12 +13,12 @@ The lowest layer: it imports no other testbed package but `units`, never Ray or 
 
 from testbed.config.compression import CompressionSpec
 from testbed.config.flags import build_parser, parse_config
+from testbed.config.profiles import WORKLOADS
 from testbed.config.schema import (
     DEVICES,
     MAX_WORKERS,
     PLACEMENTS,
     SECTIONS,
-    WORKLOADS,
     ClusterConfig,
     ConfigError,
     FaultConfig,

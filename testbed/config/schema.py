@@ -21,7 +21,7 @@ from testbed import units
 from testbed.config.checks import choice, integer, real
 from testbed.config.compression import CompressionSpec, parse_compression, short
 from testbed.config.faults import Fault, format_faults, parse_faults
-from testbed.config.profiles import PROFILE, WORKLOADS, workload_check  # noqa: F401 - WORKLOADS re-exported
+from testbed.config.profiles import PROFILE, workload_check
 from testbed.config.stragglers import StragglerSpec, format_stragglers, parse_stragglers
 
 MAX_WORKERS = 4096  # far past what one Ray cluster here can place; resources are checked later
@@ -138,9 +138,8 @@ class WorkloadConfig:
     """workload"""
 
     name: str = opt("mlp", flag="--workload", check=workload_check,
-                    help="mlp, logreg (torch, synthetic classification data), synthetic (no model), "
-                         "or profile:NAME (synthetic, shaped as resnet50, resnet101, vgg16, bert-base, "
-                         "bert-large or gpt2)")
+                    help="mlp, logreg (torch, synthetic classification data), synthetic (no model), or "
+                         "profile:NAME (synthetic, as resnet50, resnet101, vgg16, bert-base, bert-large, gpt2)")
     batch_size: int = opt(32, check=integer(1, 1_000_000, "use a positive integer (per worker)"),
                           help="samples per worker per iteration")
     lr: float = opt(0.1, check=real(0, high=None, low_ok=False, fix="use a finite learning rate > 0, e.g. 0.1"),
@@ -167,14 +166,13 @@ class WorkloadConfig:
         _parse_fields(self)
 
     @property
-    def profile(self) -> str | None:
-        """The real model whose tensors a synthetic gradient is shaped as (profile:NAME), or None."""
+    def profile(self) -> str | None:  # the real model a synthetic gradient is shaped as (profile:NAME)
         return self.name[len(PROFILE):] if self.name.startswith(PROFILE) else None
 
     @property
     def real_compute(self) -> bool:
-        """A torch model computes for real (imports torch, cannot be dilated, its compute time is
-        measured); the synthetic workload (plain or shaped as a real model) sleeps a set compute time."""
+        """A torch model computes for real (imports torch, cannot be dilated, its compute is measured);
+        a synthetic workload, plain or a profile, sleeps a set compute time."""
         return self.name != "synthetic" and self.profile is None
 
 
@@ -211,8 +209,7 @@ class RingConfig:
     bucket_mb: float = opt(25.0, check=real(0, None, low_ok=False, fix="use a bucket size in MiB > 0, e.g. 25"),
                            help="gradient bucket size (MiB)")
     first_bucket_mb: float = opt(1.0, check=real(0, None, low_ok=False, fix="use a size in MiB > 0, e.g. 1"),
-                                 help="cap of the first bucket (the last layers' gradients), as DDP's 1 MiB, "
-                                      "so communication starts early in backward")
+                                 help="cap of the first bucket (last layers), as DDP's 1 MiB")
     overlap: bool = opt(True, action="optional", help="allreduce buckets while backward runs")
     transport: str = opt("object-store", help="object-store (Ray shared-memory channels) or torch (gloo/NCCL p2p)")
     algorithm: str = opt("ring", help="how a bucket is summed")
@@ -240,9 +237,8 @@ class NetworkConfig:
                           help="run the emulated cluster D times slower (transfers, latency, "
                                "synthetic compute, straggler delays) and report every time divided "
                                "by D, so this machine's own overheads shrink D-fold (README)")
-    calibration: str | None = opt(None, metavar="FILE",
-                                  help="real network: predict times with the latency and bandwidth "
-                                       "measured by python -m testbed.bench network --out FILE")
+    calibration: str | None = opt(None, metavar="FILE", help="real network: predict with the latency and "
+                                  "bandwidth measured by python -m testbed.bench network --out FILE")
 
     @property
     def emulated(self) -> bool:
