@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, default=0, help="seed of the buffers' random data")
     a("--timeout", type=float, default=120.0, help="seconds any remote wait may take")
     a("--out", default=None, help="also write raw samples and derived numbers to this JSON file")
-    network.add_arguments(sub, _Parser)
+    network.add_arguments(sub)
     return p
 
 

@@ -32,7 +32,7 @@ from testbed.units import format_bytes
 DEFAULT_SIZES = "4KiB,256KiB,4MiB"
 
 
-def add_arguments(sub: Any, parser_class: type) -> None:
+def add_arguments(sub: Any) -> None:
     a = sub.add_parser("network", help="a real network's latency and bandwidth per message path "
                        "(a calibration file for --calibration)").add_argument
     a("--sizes", default=DEFAULT_SIZES, help="comma-separated message sizes, e.g. 4KiB,256KiB,4MiB")
@@ -104,9 +104,9 @@ def run_network(ns: argparse.Namespace, prog: str) -> dict[str, Any]:
 
 
 def report(doc: dict[str, Any]) -> str:
-    lines = [f"network between two actors ({doc['scope']}); machine busy before: "
-             f"{doc['busy_before']:.0%}" if doc.get("busy_before") is not None else
-             f"network between two actors ({doc['scope']})"]
+    busy = doc.get("busy_before")
+    lines = [f"network between two actors ({doc['scope']})"
+             + ("" if busy is None else f"; machine busy before: {busy:.0%}")]
     for name, entry in {**doc["paths"], **doc.get("unfitted", {})}.items():
         times = ", ".join(f"{format_bytes(s)} {t * 1e6:.0f} us" for s, t in
                           zip(entry["sizes_bytes"], entry["one_way_s"], strict=True))

@@ -5,12 +5,14 @@ table's names as data.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 WORKLOADS = ("mlp", "logreg", "synthetic")
 PROFILE = "profile:"  # --workload profile:NAME: the synthetic workload shaped as a real model
 
 
+@cache
 def profile_names() -> tuple[str, ...]:
     """The real-model shapes `--workload profile:NAME` knows: the keys of
     testbed/workloads/profiles.json (read as data here; config sits below the workloads)."""

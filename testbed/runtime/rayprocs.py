@@ -58,14 +58,20 @@ def check_reachable(address: str, timeout: float = 3.0) -> None:
                           "prints it) or drop --address")
 
 
+def _point_stderr_at(path: str, flags: int) -> int:
+    """Point this process's fd 2 at PATH (opened with FLAGS); return a duplicate of the old fd 2."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, flags, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return saved
+
+
 @contextmanager
 def _stderr_to(path: str):
     """Send this process's fd 2 (where Ray's C++ client logs its retries) to a file meanwhile."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.dup2(fd, 2)
-    os.close(fd)
+    saved = _point_stderr_at(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         yield
     finally:
@@ -79,12 +85,7 @@ def silence_stderr() -> int:
     /dev/null for good, and return a duplicate of the old one for the last line testbed writes:
     a Ray cut off halfway (ray.init abandoned after a signal) prints RPC errors and tracebacks
     as it goes, which are not the run's to show."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 2)
-    os.close(null)
-    return saved
+    return _point_stderr_at(os.devnull, os.O_WRONLY)
 
 
 @contextmanager
