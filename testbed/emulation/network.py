@@ -31,7 +31,11 @@ served); ``simulate`` reserves them in departure order, as messages reach the wi
 
 from __future__ import annotations
 
+import fcntl
 import math
+import mmap
+import os
+import struct
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
@@ -70,53 +74,102 @@ class LinkSpec:
         return self.latency + self.transfer_s(nbytes)
 
 
-class Nic:
-    """Hold one endpoint's egress and ingress queues; safe to share between threads."""
+class _Cell:
+    """A NIC's six numbers behind a thread lock: egress/ingress free-at, bytes and messages."""
 
-    def __init__(self, link: LinkSpec, name: str = "") -> None:
-        self.link = link
-        self.name = name
+    SLOTS = ("egress_free_at", "ingress_free_at", "bytes_out", "bytes_in", "messages_out", "messages_in")
+
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         # -inf: an idle queue never delays anything, whatever clock origin is in use.
-        self.egress_free_at = -math.inf
-        self.ingress_free_at = -math.inf
-        self.bytes_out = 0
-        self.bytes_in = 0
-        self.messages_out = 0
-        self.messages_in = 0
+        self.values = [-math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0]
+
+    def __enter__(self) -> list[float]:
+        self._lock.acquire()
+        return self.values
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+class _SharedCell(_Cell):
+    """The same numbers in a small file, locked across processes: one NIC that several processes
+    of one machine send and receive through (a parameter server colocated with a worker).
+
+    The file holds six float64; `fcntl.flock` excludes other processes and the thread lock
+    other threads of this one (flock is per open file, so threads would share it)."""
+
+    FORMAT = "<6d"
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self._fd = os.open(path, os.O_RDWR)
+        self._map = mmap.mmap(self._fd, struct.calcsize(self.FORMAT))
+
+    @classmethod
+    def create(cls, path: str) -> None:
+        """Write an idle NIC's numbers to `path` (before any process opens it)."""
+        with open(path, "wb") as fh:
+            fh.write(struct.pack(cls.FORMAT, -math.inf, -math.inf, 0, 0, 0, 0))
+
+    def __enter__(self) -> list[float]:
+        self._lock.acquire()
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self.values = list(struct.unpack(self.FORMAT, self._map[:]))
+        return self.values
+
+    def __exit__(self, *exc: object) -> None:
+        self._map[:] = struct.pack(self.FORMAT, *self.values)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._lock.release()
+
+
+class Nic:
+    """Hold one endpoint's egress and ingress queues; safe to share between threads, and between
+    the processes of one machine when `shared` names a file made by `Nic.create_shared`."""
+
+    def __init__(self, link: LinkSpec, name: str = "", shared: str | None = None) -> None:
+        self.link = link
+        self.name = name
+        self._cell = _SharedCell(shared) if shared else _Cell()
+
+    @staticmethod
+    def create_shared(path: str) -> None:
+        _SharedCell.create(path)
 
     def reserve_egress(self, nbytes: float, now: float) -> tuple[float, float]:
         """Queue NBYTES for sending at NOW; return (departure, egress_done)."""
         busy = self.link.transfer_s(nbytes)
-        with self._lock:
-            departure = max(now, self.egress_free_at)
+        with self._cell as v:
+            departure = max(now, v[0])
             done = departure + busy
-            self.egress_free_at = done
-            self.bytes_out += nbytes
-            self.messages_out += 1
+            v[0] = done
+            v[2] += nbytes
+            v[4] += 1
         return departure, done
 
     def reserve_ingress(self, nbytes: float, departure: float) -> float:
         """Accept NBYTES that left their sender at DEPARTURE; return the delivery time."""
         busy = self.link.transfer_s(nbytes)
-        with self._lock:
+        with self._cell as v:
             # On the wire: latency plus serialisation; at this NIC: wait for the previous
             # message to finish arriving, then take n/B of ingress time ourselves.
-            delivery = max(departure + self.link.latency + busy, self.ingress_free_at + busy)
-            self.ingress_free_at = delivery
-            self.bytes_in += nbytes
-            self.messages_in += 1
+            delivery = max(departure + self.link.latency + busy, v[1] + busy)
+            v[1] = delivery
+            v[3] += nbytes
+            v[5] += 1
         return delivery
 
     def counters(self) -> dict[str, float]:
         """Return a snapshot of the byte and message counters."""
-        with self._lock:
-            return {
-                "bytes_out": self.bytes_out,
-                "bytes_in": self.bytes_in,
-                "messages_out": self.messages_out,
-                "messages_in": self.messages_in,
-            }
+        with self._cell as v:
+            return dict(zip(_Cell.SLOTS[2:], v[2:], strict=True))
+
+    def __getattr__(self, name: str) -> float:
+        if name in _Cell.SLOTS:
+            with self._cell as v:
+                return v[_Cell.SLOTS.index(name)]
+        raise AttributeError(name)
 
     def __repr__(self) -> str:
         return f"Nic({self.name!r}, {self.link})"

@@ -238,3 +238,30 @@ def test_simulate_serves_ingress_in_departure_order():
     _, queued, early = simulate(msgs, LINK)
     assert early == pytest.approx(0.001 + A + N_BYTES / B)
     assert queued == pytest.approx(big / B + A + N_BYTES / B)
+
+
+def test_a_shared_nic_queues_the_messages_of_two_processes_as_one(tmp_path):
+    """Two processes (a worker and the server colocated with it) sending through one NIC file
+    serialise on its egress exactly as one in-process Nic would."""
+    import multiprocessing
+
+    path = str(tmp_path / "nic")
+    Nic.create_shared(path)
+
+    def send(q):
+        q.put(Nic(LINK, shared=path).reserve_egress(N_BYTES, 0.0))
+
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=send, args=(q,)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(10)
+    got = sorted(q.get(timeout=5) for _ in procs)
+    one = Nic(LINK)
+    want = [one.reserve_egress(N_BYTES, 0.0) for _ in procs]
+    assert got == pytest.approx(want)
+    shared = Nic(LINK, shared=path)
+    assert (shared.bytes_out, shared.messages_out) == (3 * N_BYTES, 3)
+    assert shared.reserve_ingress(N_BYTES, 0.0) == one.reserve_ingress(N_BYTES, 0.0)
