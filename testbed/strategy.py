@@ -65,6 +65,10 @@ class StrategySpec(ABC):
         """Actors besides the workers that it places (parameter-server shards)."""
         return 0
 
+    def colocated_servers(self, cfg: RunConfig) -> bool:
+        """True when server i shares worker i's machine (its placement bundle and NIC)."""
+        return False
+
     def validate(self, cfg: RunConfig) -> None:  # noqa: B027 - most strategies have no rule of their own
         """Its own rules beyond keys and choices; raise ConfigError (testbed.config.fail)."""
 

@@ -70,6 +70,13 @@ neighbours through one egress (d K/B) and pays one latency; with d = 0 nothing m
 Asynchronous gossip averages with one neighbour per iteration: the model goes there and the
 neighbour's comes back, ``2(a + K/B)``.
 
+Partitioned parameter server (``--ps-partition-mb``; M partitions, partition p on server p mod S,
+servers dedicated or colocated with workers) and the BytePS optimum
+``2 n (n-1) K/((n^2 + k n - 2k) B)`` for k CPU-only servers: ``testbed.analysis.psmodel``
+(``ps_partitioned_comm_s``, ``ps_async_partitioned_comm_s``, ``byteps_optimal_comm_s``). With dedicated servers the steady-state step there is
+``2a + max(s* + 1 + C + N(m-1), M + N) K/(M B)`` (m partitions on the busiest server s*, C its
+fill), which is ``2a + (N + S) K/(S B)`` with partitioning off.
+
 Asynchronous parameter server: ``2(a + K/(S B))`` per applied gradient -- one worker's own
 push and pull round trip through one shard's NIC with no other worker queued ahead of it
 (``2a + (P + K)/(S B)`` with compressed pushes).

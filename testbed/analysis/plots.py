@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from testbed.analysis.figures import NoData, fmt, legend, new_figure, save, series_labels
+from testbed.analysis.placement import placement_figure
 from testbed.analysis.runplots import loss_vs_time, loss_vs_updates, staleness_histogram
 
 __all__ = ["NoData", "figures_for_sweep", "loss_vs_time", "loss_vs_updates", "measured_vs_predicted",
@@ -202,6 +203,7 @@ def figures_for_sweep(table: pd.DataFrame, out_dir: str | os.PathLike,
               ("step_breakdown", lambda: step_breakdown(table)),
               ("measured_vs_predicted", lambda: measured_vs_predicted(table)),
               ("straggler_impact", lambda: straggler_impact(table)),
+              ("placement", lambda: placement_figure(table)),
               ("staleness_histogram", lambda: staleness_histogram(steps) if stale else None),
               ("loss_vs_updates", lambda: loss_vs_updates(updates)),
               ("loss_vs_time", lambda: loss_vs_time(updates))]

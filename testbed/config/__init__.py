@@ -4,8 +4,8 @@
     flags.py        the command line, generated from the fields
     validate.py     every rule (generic ones, and what each strategy's spec declares)
     checks.py       the field checks
-    stragglers.py faults.py compression.py
-                    the spec-string grammars (--straggler, --fail, --compression) and types
+    stragglers.py faults.py compression.py payload.py
+                    the spec-string grammars (--straggler, --fail, --compression, --payload) and types
 
 The lowest layer: it imports no other testbed package but `units`, never Ray or torch. A
 `RunConfig` is saved as config.json beside every run's measurements.

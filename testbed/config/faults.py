@@ -11,7 +11,8 @@ What a fault does, and how runs recover, is `testbed.emulation.faults`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 KINDS = ("kill", "hang", "nan")
 
@@ -84,3 +85,24 @@ def check_faults(faults: tuple[Fault, ...], *, workers: int, servers: int) -> No
         if f.target == "server" and f.index >= servers:
             raise ValueError(f"--fail {f.to_text()!r}: there is no shard {f.index}; "
                              f"use a shard in 0..{servers - 1}")
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Parsed `--fail` items; `source` keeps the user's text for messages."""
+
+    items: tuple[Fault, ...] = ()
+    source: str = field(default="none", compare=False)
+
+    def __iter__(self) -> Iterator[Fault]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __str__(self) -> str:
+        return format_faults(self.items)
+
+
+def parse_faults_spec(text: str) -> Faults:
+    return Faults(parse_faults(text), text)

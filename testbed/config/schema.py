@@ -13,20 +13,22 @@ Which fields apply to which strategy is not said here: each strategy says which 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any
 
 from testbed import units
 from testbed.config.checks import choice, integer, real
-from testbed.config.compression import CompressionSpec, parse_compression, short
-from testbed.config.faults import Fault, format_faults, parse_faults
+from testbed.config.compression import CompressionSpec, parse_compression
+from testbed.config.faults import Faults, parse_faults_spec
+from testbed.config.payload import Payload, parse_payload
 from testbed.config.profiles import PROFILE, workload_check
-from testbed.config.stragglers import StragglerSpec, format_stragglers, parse_stragglers
+from testbed.config.stragglers import Stragglers, parse_stragglers_spec
 
 MAX_WORKERS = 4096  # far past what one Ray cluster here can place; resources are checked later
 DEVICES = ("auto", "cpu", "cuda")
 PLACEMENTS = ("pack", "spread")
+PS_PLACEMENTS = ("dedicated", "colocated")
 
 
 class ConfigError(ValueError):
@@ -59,75 +61,6 @@ def _parse_fields(obj: Any) -> None:
                 object.__setattr__(obj, f.name, parse(value))
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-
-
-# ---------------------------------------------------------------- typed spec strings
-
-
-@dataclass(frozen=True)
-class Payload:
-    """`--payload full|scaled:F`: physical arrays are F times the logical gradient."""
-
-    scale: float = 1.0
-
-    def __str__(self) -> str:
-        return "full" if self.scale == 1.0 else f"scaled:{short(self.scale)}"
-
-
-def parse_payload(text: str) -> Payload:
-    fix = "use 'full' or 'scaled:F' with 0 < F <= 1, e.g. scaled:0.01"
-    if text == "full":
-        return Payload()
-    kind, _, frac = text.partition(":")
-    try:
-        scale = float(frac)
-    except ValueError:
-        scale = float("nan")
-    if kind != "scaled" or not (0 < scale <= 1):
-        raise ValueError(f"--payload {text!r}: {fix}")
-    return Payload(scale)
-
-
-@dataclass(frozen=True)
-class Stragglers:
-    """Parsed `--straggler` items; `source` keeps the user's text for messages."""
-
-    items: tuple[StragglerSpec, ...] = ()
-    source: str = field(default="none", compare=False)
-
-    def __iter__(self) -> Iterator[StragglerSpec]:
-        return iter(self.items)
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __str__(self) -> str:
-        return format_stragglers(self.items)
-
-
-@dataclass(frozen=True)
-class Faults:
-    """Parsed `--fail` items; `source` keeps the user's text for messages."""
-
-    items: tuple[Fault, ...] = ()
-    source: str = field(default="none", compare=False)
-
-    def __iter__(self) -> Iterator[Fault]:
-        return iter(self.items)
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __str__(self) -> str:
-        return format_faults(self.items)
-
-
-def _stragglers(text: str) -> Stragglers:
-    return Stragglers(parse_stragglers(text), text)
-
-
-def _faults(text: str) -> Faults:
-    return Faults(parse_faults(text), text)
 
 
 # ---------------------------------------------------------------- the configuration
@@ -200,6 +133,19 @@ class PSConfig:
                                       help="stale-synchronous parallel: clock bound s (default: none)")
     backup_workers: int = opt(0, check=integer(0, None, "use an integer >= 0"),
                               help="apply after the first N-b gradients of a step, drop the rest")
+    servers: int | None = opt(None, flag="--ps-servers", check=integer(1, 1024, "use an integer number of servers >= 1"),
+                              help="the k of 'n workers + k servers': the same count as --ps-shards")
+    placement: str = opt("dedicated", flag="--ps-placement", check=choice(PS_PLACEMENTS),
+                         help="dedicated: each server its own machine and NIC; colocated: server i "
+                              "shares worker i's machine and NIC")
+    partition_mb: float = opt(4.0, flag="--ps-partition-mb", check=real(0, None, fix="use a size in MiB >= 0 (0: off), e.g. 4"),
+                              help="push, average and pull the gradient in partitions of at most this "
+                                   "many MiB, so pulls overlap pushes (0: one per server)")
+
+    @property
+    def count(self) -> int:
+        """Server actors: --ps-servers where given, else --ps-shards (validate refuses a conflict)."""
+        return self.shards if self.servers is None else self.servers
 
 
 @dataclass(frozen=True)
@@ -257,7 +203,7 @@ class NetworkConfig:
 class FaultConfig:
     """stragglers and faults"""
 
-    fail: Faults = opt(factory=Faults, parse=_faults, metavar="SPEC",
+    fail: Faults = opt(factory=Faults, parse=parse_faults_spec, metavar="SPEC",
                        help="inject faults, e.g. worker=2,at=10 or nan:worker=1,at=3 (README)")
     max_restarts: int = opt(3, check=integer(0, 1000, "use an integer in 0..1000"), help="restarts allowed per actor")
     checkpoint_every: int = opt(0, check=integer(0, None, "use versions >= 0 (0 = no checkpoints)"),
@@ -285,7 +231,7 @@ class RunConfig:
     timeline: bool = opt(False, action="store_true", help="also write timeline.json (Chrome trace)")
     compression: CompressionSpec = opt(factory=CompressionSpec, parse=parse_compression,
                                        metavar="none|fp16|topk:F", help="gradient compression (bytes counted after it)")
-    straggler: Stragglers = opt(factory=Stragglers, parse=_stragglers, metavar="SPEC", group="faults",
+    straggler: Stragglers = opt(factory=Stragglers, parse=parse_stragglers_spec, metavar="SPEC", group="faults",
                                 help="injected delays, e.g. fixed:worker=3,delay=200ms (README)")
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

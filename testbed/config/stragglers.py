@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from testbed.units import parse_duration
@@ -213,3 +214,24 @@ def validate_stragglers(specs: tuple[StragglerSpec, ...], workers: int) -> None:
                 f"{_FLAG} {spec.to_text()!r}: worker must be in 0..{workers - 1} "
                 f"(there are {workers} workers)"
             )
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """Parsed `--straggler` items; `source` keeps the user's text for messages."""
+
+    items: tuple[StragglerSpec, ...] = ()
+    source: str = field(default="none", compare=False)
+
+    def __iter__(self) -> Iterator[StragglerSpec]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __str__(self) -> str:
+        return format_stragglers(self.items)
+
+
+def parse_stragglers_spec(text: str) -> Stragglers:
+    return Stragglers(parse_stragglers(text), text)

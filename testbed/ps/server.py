@@ -32,14 +32,8 @@ from testbed.config import CompressionSpec, NetworkConfig
 from testbed.config.faults import Fault
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.faults import FaultPlan, NanPolicy
+from testbed.emulation.network import sleep_until
 from testbed.runtime.worker import restarted
-from testbed.split import chunk_bounds
-
-
-def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
-    """Shard s owns the flat range [lo, hi) of the parameters: equal slices, balanced by bytes
-    (a tensor may be split between shards)."""
-    return chunk_bounds(numel, shards)
 
 
 class ShardState:
@@ -52,6 +46,7 @@ class ShardState:
         self.max_updates = max_updates
         self.version = 0
         self.pending: list[tuple[np.ndarray, float]] = []  # sync: gradients for self.version
+        self.arrived: list[tuple[float, int]] = []  # sync: (delivery time, worker) of those gradients
         self.seen: set[tuple[int, int]] = set()
         self.updates: list[dict[str, Any]] = []  # one per applied version (append-only log)
         self.busy_s = 0.0
@@ -78,12 +73,14 @@ class ShardState:
             return self.params.copy(), self.version, time.perf_counter() - t0
 
     def push(self, grad: np.ndarray, version_read: int, worker: int, iteration: int,
-             loss: float, epoch: int = 0) -> dict[str, Any]:
-        """Offer a gradient; return what happened to it.
+             loss: float, epoch: int = 0, delivered: float = 0.0) -> dict[str, Any]:
+        """Offer a gradient (delivered at `delivered`); return what happened to it.
 
         status: applied / dropped (late, backup workers) / nan (non-finite, never applied) /
         duplicate (retried) / finished / stale-epoch (computed before a rollback). Staleness
-        and version_applied are None for a gradient that was not applied.
+        and version_applied are None for a gradient that was not applied. The ack of the push
+        that completes a synchronous version carries `contributors`: the workers whose
+        gradients counted, in the order they were delivered (the order replies go out).
         """
         with self.cv:
             if epoch != self.epoch:
@@ -99,7 +96,7 @@ class ShardState:
                     return {"status": "nan", "version_applied": None, "staleness": None}
                 grad = None  # counts towards the quorum, never towards the average
             if self.sync:
-                return self._push_sync(grad, version_read, loss)
+                return self._push_sync(grad, version_read, loss, (delivered, worker))
             t0 = time.perf_counter()
             at = self.version
             self.params -= self.lr * grad
@@ -107,10 +104,12 @@ class ShardState:
             return {"status": "applied", "version_applied": at, "staleness": at - version_read,
                     "update": self.updates[-1]}
 
-    def _push_sync(self, grad: np.ndarray, version_read: int, loss: float) -> dict[str, Any]:
+    def _push_sync(self, grad: np.ndarray, version_read: int, loss: float,
+                   arrival: tuple[float, int]) -> dict[str, Any]:
         if version_read != self.version:  # a backup worker's late gradient for a past version
             return {"status": "dropped", "version_applied": None, "staleness": None}
         self.pending.append((None if grad is None else np.asarray(grad, dtype=np.float32), loss))
+        self.arrived.append(arrival)
         at = self.version
         status = "applied" if grad is not None else "nan"
         ack = {"status": status, "version_applied": at if grad is not None else None,
@@ -124,6 +123,8 @@ class ShardState:
                     total += g
                 self.params -= self.lr * (total / np.float32(len(used)))
             self.pending = []
+            ack["contributors"] = [w for _, w in sorted(self.arrived)]
+            self.arrived = []
             self._applied(contributors=len(used), dropped=self.workers - len(used),
                           loss=float(np.mean([x for _, x in used])) if used else float("nan"), t0=t0)
             ack["update"] = self.updates[-1]
@@ -158,35 +159,50 @@ class ShardState:
             self.version = int(ck["version"])
             self.seen = {(int(w), int(i)) for w, i in ck["seen"]}
             self.updates = [u for u in self.updates if u["version"] <= self.version]
-            self.pending = []
+            self.pending, self.arrived = [], []
             self.epoch = self.epoch + 1 if epoch is None else epoch
             self.cv.notify_all()
 
 
 class ShardActor:
-    """Ray shell around ShardState: the shard's NIC, its checkpoints and its injected faults.
+    """Ray shell around one ShardState per partition this server holds (`testbed.ps.partition`):
+    the server's NIC, its checkpoints and its injected faults.
 
-    Checkpoints (`--checkpoint-every k`): after every k-th version the shard writes
-    ckpt-s{rank}-v{version}.npz into the run's folder. A shard that Ray restarts after a death
-    loads its newest checkpoint; the driver then rolls every shard back to the newest version
-    all of them hold (`restore`), and training resumes from there. Without a checkpoint a
-    restarted shard reports itself `lost` and the run stops.
+    Push-pull: a worker's push of partition p may ask for p's next version back (`pull=True`). In
+    synchronous training the push that completes a version sends every contributor its reply at
+    once, in the order their pushes were delivered, so the server's egress is reserved in one
+    deterministic order; a late (dropped) push and asynchronous pushes reply on their own.
+
+    Colocated (`--ps-placement colocated`): this server shares the NIC of worker `local_worker`
+    (`nic`, a file that both processes open), and what the two say to each other does not touch it.
+
+    Checkpoints (`--checkpoint-every k`): after every k-th version of a partition the server writes
+    ckpt-s{rank}-p{partition}-v{version}.npz into the run's folder. A server that Ray restarts after
+    a death loads, for every partition, the newest version all its partitions hold; the driver then
+    rolls every server back to the newest version all of them hold (`restore`), and training
+    resumes from there. Without a checkpoint a restarted server reports itself `lost` and the run
+    stops.
     """
 
-    def __init__(self, numel: int, net: NetworkConfig, rank: int, logical_factor: float,
+    def __init__(self, sizes: dict[int, int], net: NetworkConfig, rank: int, logical_factor: float,
                  checkpoint_dir: str | None = None, checkpoint_every: int = 0,
                  faults: tuple[Fault, ...] = (), compression: CompressionSpec | None = None,
-                 **state: Any) -> None:
+                 nic: str | None = None, local_worker: int | None = None, **state: Any) -> None:
         # Small constructor arguments only: Ray keeps them to rerun __init__ on a restart (a large
         # array would live in the object store for that); parameters come by `set_params`.
-        self.state = ShardState(np.zeros(numel, np.float32), **state)
+        self.parts = {p: ShardState(np.zeros(n, np.float32), **state) for p, n in sizes.items()}
+        self.sync = bool(state.get("sync"))
         self.rank = rank
         self.actor = f"ps{rank}"
-        self.endpoint = Endpoint(net, self.actor)
-        self.logical_bytes = int(numel * 4 * logical_factor)
+        self.endpoint = Endpoint(net, self.actor, shared=nic)
+        self.local_worker = local_worker
+        self.local_bytes = 0  # to and from the colocated worker, never on the NIC
         self.factor = logical_factor
-        self.decompressor = (Compressor(compression, numel)
-                             if compression is not None and compression.kind != "none" else None)
+        self.logical = {p: int(n * 4 * logical_factor) for p, n in sizes.items()}
+        self.decompressors = ({p: Compressor(compression, n) for p, n in sizes.items()}
+                              if compression is not None and compression.kind != "none" else {})
+        self.replies: dict[tuple[int, int, int], float | None] = {}  # (partition, version, worker)
+        self.reply_cv = threading.Condition()
         self.t_created = time.time()
         self.dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.every = checkpoint_every
@@ -198,27 +214,36 @@ class ShardActor:
         if again:
             versions = self.checkpoint_versions()
             if versions:
-                self.state.load(self._path(versions[-1]))
+                for p, st in self.parts.items():
+                    st.load(self._path(p, versions[-1]))
             else:
                 self.lost = True
 
-    def _path(self, version: int) -> Path:
+    def _path(self, part: int, version: int) -> Path:
         assert self.dir is not None
-        return self.dir / f"ckpt-s{self.rank}-v{version}.npz"
+        return self.dir / f"ckpt-s{self.rank}-p{part}-v{version}.npz"
 
     def checkpoint_versions(self) -> list[int]:
-        if self.dir is None or not self.dir.is_dir():
+        """Versions every partition of this server has a checkpoint of."""
+        if self.dir is None or not self.dir.is_dir() or not self.parts:
             return []
-        return sorted(int(p.stem.rsplit("-v", 1)[1]) for p in self.dir.glob(f"ckpt-s{self.rank}-v*.npz"))
+        held = [{int(f.stem.rsplit("-v", 1)[1]) for f in self.dir.glob(f"ckpt-s{self.rank}-p{p}-v*.npz")}
+                for p in self.parts]
+        return sorted(set.intersection(*held))
 
     def restore(self, version: int, epoch: int) -> int:
         """Roll back to the checkpoint of `version` under the driver's new epoch."""
-        self.state.load(self._path(version), epoch)
+        for p, st in self.parts.items():
+            st.load(self._path(p, version), epoch)
+        with self.reply_cv:
+            self.replies.clear()
+            self.reply_cv.notify_all()
         self.lost = False
-        return self.state.version
+        return self.version()
 
     def health(self) -> dict[str, Any]:
-        return {"lost": self.lost, "version": self.state.version, "epoch": self.state.epoch}
+        return {"lost": self.lost, "version": self.version(),
+                "epoch": max((st.epoch for st in self.parts.values()), default=0)}
 
     def _span(self, phase: str, t0: float, t1: float) -> None:
         with self._events_lock:  # pushes and pulls run on concurrent actor threads
@@ -229,54 +254,113 @@ class ShardActor:
             out, self.events = self.events, []
         return out
 
-    def pull(self, min_version: int, timeout: float, epoch: int = 0) -> tuple[Any, ...]:
+    def _send(self, part: int, worker: int) -> float | None:
+        """Queue partition `part` for `worker` on the egress; its departure (None: local)."""
+        if worker == self.local_worker:
+            self.local_bytes += self.logical[part]
+            return None
+        return self.endpoint.send(self.logical[part])
+
+    def pull(self, part: int, min_version: int, timeout: float, epoch: int = 0,
+             worker: int = -1) -> tuple[Any, ...]:
+        """(params, version, seconds waited, departure, epoch) of partition `part`, once its
+        version reaches `min_version`."""
         t0 = time.time()
-        params, version, waited = self.state.pull(min_version, timeout, epoch)
+        st = self.parts[part]
+        params, version, waited = st.pull(min_version, timeout, epoch)
         if waited > 0.0005:
             self._span("wait", t0, t0 + waited)
-        departure = self.endpoint.send(self.logical_bytes)
-        return params, version, waited, departure, self.state.epoch
+        departure = self._send(part, worker)
+        if departure is not None:
+            sleep_until(departure)
+        return params, version, waited, departure, st.epoch
 
-    def push(self, grad: np.ndarray, version_read: int, worker: int, iteration: int, loss: float,
-             departure: float | None, epoch: int = 0) -> dict[str, Any]:
-        """Receive (through the NIC), decompress, apply or hold; the ack carries this shard's
-        spans so far, so a run that dies keeps the servers' timeline too."""
+    def push(self, part: int, grad: np.ndarray, version_read: int, worker: int, iteration: int,
+             loss: float, departure: float | None, epoch: int = 0, pull: float | None = None) -> dict[str, Any]:
+        """Receive (through the NIC), decompress, apply or hold; with `pull` (a timeout), wait for
+        the partition's next version and carry it back as ack["pull"] (see `pull`). The ack
+        carries this server's spans so far, so a run that dies keeps the servers' timeline too."""
         t0 = time.time()
-        self.endpoint.receive(int(grad.nbytes * self.factor), departure)
+        st = self.parts[part]
+        nbytes = int(grad.nbytes * self.factor)
+        if worker == self.local_worker:
+            self.local_bytes += nbytes
+            delivered = t0
+        else:
+            delivered = self.endpoint.delivery(nbytes, departure)
+            sleep_until(delivered)
         t1 = time.time()
         self._span("recv", t0, t1)
-        if self.decompressor is not None:
-            grad = self.decompressor.decompress(grad)
-        if self.faults.due(self.state.version) == "kill":
-            os._exit(1)  # injected shard death, about to apply this version
-        ack = self.state.push(grad, version_read, worker, iteration, loss, epoch)
+        if part in self.decompressors:
+            grad = self.decompressors[part].decompress(grad)
+        if self.faults.due(st.version) == "kill":
+            os._exit(1)  # injected server death, about to apply this version
+        ack = st.push(grad, version_read, worker, iteration, loss, epoch, delivered)
         if "update" in ack:
             self._span("apply", t1, time.time())
-        if self.every and "update" in ack and ack["update"]["version"] % self.every == 0:
-            self.state.save(self._path(ack["update"]["version"]))
+            if self.every and ack["update"]["version"] % self.every == 0:
+                st.save(self._path(part, ack["update"]["version"]))
+        order = ack.pop("contributors", None)
+        if order is not None and pull is not None:
+            with self.reply_cv:  # the completing push sends every contributor its reply
+                version = ack["update"]["version"]
+                for w in order:
+                    self.replies[(part, version, w)] = self._send(part, w)
+                self.reply_cv.notify_all()
+        if pull is not None and ack["status"] != "stale-epoch":
+            ack["pull"] = self._pull_back(part, version_read, worker, epoch, pull,
+                                          counted=self.sync and ack["status"] in ("applied", "nan"))
         ack["events"] = self.drain_events()
         return ack
 
+    def _pull_back(self, part: int, version_read: int, worker: int, epoch: int, timeout: float,
+                   counted: bool) -> tuple[Any, ...]:
+        """The reply of a push-pull: the next version; its departure was reserved by the push that
+        completed the version when this gradient counted towards it, else here."""
+        t0 = time.time()
+        st = self.parts[part]
+        # sync: the version this push helps make; async: whatever is newest now
+        params, version, waited = st.pull(version_read + 1 if self.sync else 0, timeout, epoch)
+        if waited > 0.0005:
+            self._span("wait", t0, t0 + waited)
+        key = (part, version_read + 1, worker)
+        if not counted or version != version_read + 1 or st.epoch != epoch:
+            departure = self._send(part, worker)
+        else:
+            with self.reply_cv:
+                if not self.reply_cv.wait_for(lambda: key in self.replies or st.epoch != epoch, timeout):
+                    raise TimeoutError(f"parameter server {self.rank}: the reply of partition {part} "
+                                       f"version {version_read + 1} was never scheduled")
+                departure = self.replies.pop(key, None)
+        if departure is not None:
+            sleep_until(departure)  # on the wire no earlier than it leaves: receivers see departure order
+        return params, version, waited, departure, st.epoch
+
     def version(self) -> int:
-        return self.state.version
+        return min((st.version for st in self.parts.values()), default=0)
 
-    def get_params(self) -> np.ndarray:
-        with self.state.cv:
-            return self.state.params.copy()
+    def get_params(self) -> dict[int, np.ndarray]:
+        out = {}
+        for p, st in self.parts.items():
+            with st.cv:
+                out[p] = st.params.copy()
+        return out
 
-    def set_params(self, params: np.ndarray) -> None:
-        """The initial parameters of this shard's slice (before any worker connects)."""
-        with self.state.cv:
-            np.copyto(self.state.params, params)
+    def set_params(self, params: dict[int, np.ndarray]) -> None:
+        """The initial parameters of this server's partitions (before any worker connects)."""
+        for p, values in params.items():
+            with self.parts[p].cv:
+                np.copyto(self.parts[p].params, values)
 
-    def updates_since(self, version: int) -> list[dict[str, Any]]:
-        return self.state.updates_since(version)
+    def updates_since(self, version: int, part: int) -> list[dict[str, Any]]:
+        return self.parts[part].updates_since(version)
 
     def ping(self) -> int:
         return os.getpid()
 
     def stats(self) -> dict[str, Any]:
-        return {"busy_s": self.state.busy_s, "bytes_in": self.endpoint.bytes_in,
-                "late_s": self.endpoint.late_s,
-                "bytes_out": self.endpoint.bytes_out, "version": self.state.version,
+        states = list(self.parts.values())
+        return {"busy_s": sum(st.busy_s for st in states), "bytes_in": self.endpoint.bytes_in,
+                "late_s": self.endpoint.late_s, "bytes_local": self.local_bytes,
+                "bytes_out": self.endpoint.bytes_out, "version": self.version(),
                 "wall_s": time.time() - self.t_created}

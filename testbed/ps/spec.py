@@ -1,22 +1,27 @@
 """What is true of the parameter server: `ps-sync` (optionally with backup workers) and
 `ps-async` (optionally stale-synchronous). Pure: no Ray; the driver loop is `strategy.py`, the
-shards `server.py`, the worker side `worker.py`.
+servers `server.py`, the worker side `worker.py`, the partitions `partition.py`.
 
-ps-sync. Each version v: every worker pulls params_v (the pull blocks until v is applied),
-computes its gradient and pushes it to every shard. A shard applies one averaged update when
-it holds the gradients of N - b workers for v (`--backup-workers b`, default 0) and drops later
-ones for v (recorded, `dropped_gradients`). With b = 0 this equals single-process SGD on the
-concatenated batch. Per step a shard moves N*K/S bytes in and N*K/S out: 2(a + N K/(S B)) in the
-alpha-beta model, linear in N for a fixed number of shards (pipelined on full-duplex NICs:
-2a + (N + 2S - 1) K/(S B); `testbed.analysis.costmodel`).
+ps-sync. Each version v: every worker computes on params_v and pushes each partition of its
+gradient to that partition's server, asking for the partition's version v+1 back (push-pull). A
+partition is averaged when it holds the gradients of N - b workers for v (`--backup-workers b`,
+default 0; later ones for v are dropped and recorded, `dropped_gradients`), and its replies go
+out at once, while the workers are still pushing later partitions. With b = 0 this equals
+single-process SGD on the concatenated batch, partitioned or not. Per step a server moves
+N*K*(its share) bytes in and as many out, so with few dedicated servers the servers' NICs are
+the limit; with S = N dedicated servers and fine partitions a worker's own K in and K out,
+overlapped, are (the BytePS argument); colocated servers add their traffic to their workers'
+NICs. Cost: `testbed.analysis.psmodel` (steady-state push-pull pipeline; the no-overlap bound
+2(a + N K/(S B)) of `costmodel` beside it for dedicated servers).
 
-ps-async. No barrier: each pushed gradient is applied the moment it arrives, so fast workers
+ps-async. No barrier: each pushed partition is applied the moment it arrives, so fast workers
 never wait for slow ones, at the price of staleness: a gradient computed from version v_read
 and applied at version v has staleness v - v_read (0 with one worker). `--steps` counts applied
 gradients. `--staleness-bound s` adds the SSP rule: a worker may not start iteration c until
 every worker has finished iteration c-s-1 (s = 0 is bulk synchronous); the time a fast worker
-is held back is its wait. Cost per applied gradient: one worker round trip, 2(a + K/(S B)), as
-a lower bound -- pushes still contend at the shards' NICs.
+is held back is its wait, and the worker pulls when it starts, not with its push. Cost per
+applied gradient: one worker's round trip as a lower bound -- pushes still contend at the
+servers' NICs.
 """
 
 from __future__ import annotations
@@ -24,13 +29,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from testbed.analysis import costmodel
+from testbed.analysis import costmodel, psmodel
 from testbed.config import RunConfig, fail
-from testbed.strategy import Prediction, StrategySpec
+from testbed.ps.partition import partition_count
+from testbed.strategy import NotModelled, Prediction, StrategySpec
 
 SUMMARY_KEYS = {
     "grad_bytes_logical": "bytes: the logical gradient K",
-    "ps_shards": "count: server shards S",
+    "ps_shards": "count: server actors S (--ps-shards or --ps-servers)",
+    "ps_partitions": "count: partitions M the parameters are cut into (testbed.ps.partition)",
+    "ps_partition_bytes": "bytes: logical size of the largest partition",
+    "ps_placement": "dedicated (servers on machines of their own) or colocated (server i on worker i's)",
+    "nic_ingress_bytes_per_step": "map NIC -> logical bytes it received per model update (worker i's NIC "
+                                  "carries colocated server i's traffic too)",
+    "nic_egress_bytes_per_step": "map NIC -> logical bytes it sent per model update",
+    "bottleneck_nic": "the NIC that carried the most bytes one way",
+    "bottleneck_busy_frac": "emulated network: share of the training wall time the bottleneck NIC's busier "
+                            "queue was transferring (1 = the link is the limit)",
     "server_busy_frac": "list per shard: share of the training wall time spent applying updates",
     "server_ingress_bytes_per_step": "list per shard: logical bytes received per model update",
     "server_egress_bytes_per_step": "list per shard: logical bytes sent per model update",
@@ -46,32 +61,53 @@ class PSSpec(StrategySpec):
         self.sync = sync
         self.name = "ps-sync" if sync else "ps-async"
         own = "ps.backup_workers" if sync else "ps.staleness_bound"
-        self.keys = frozenset({"ps.shards", own, "faults.checkpoint_every", "compression"})
+        self.keys = frozenset({"ps.shards", "ps.servers", "ps.placement", "ps.partition_mb", own,
+                               "faults.checkpoint_every", "compression"})
 
     def synchronous(self, cfg: RunConfig) -> bool:
         return self.sync
 
     def servers(self, cfg: RunConfig) -> int:
-        return cfg.ps.shards
+        return cfg.ps.count
+
+    def colocated_servers(self, cfg: RunConfig) -> bool:
+        return cfg.ps.placement == "colocated"
 
     def validate(self, cfg: RunConfig) -> None:
-        if self.sync and cfg.ps.backup_workers >= cfg.workers:
-            fail("ps.backup_workers", cfg.ps.backup_workers, f"must be smaller than --workers "
+        ps = cfg.ps
+        if self.sync and ps.backup_workers >= cfg.workers:
+            fail("ps.backup_workers", ps.backup_workers, f"must be smaller than --workers "
                  f"({cfg.workers}) so that some gradients are applied")
+        if ps.servers is not None and ps.shards not in (1, ps.servers):
+            fail("ps.servers", ps.servers, f"contradicts --ps-shards {ps.shards} (both count the server "
+                 "actors); give one of them")
+        if ps.placement == "colocated" and ps.count > cfg.workers:
+            fail("ps.placement", ps.placement, f"puts server i beside worker i, so it needs at most "
+                 f"--workers ({cfg.workers}) servers, not {ps.count}; use fewer servers or dedicated")
 
     def predict(self, cfg: RunConfig, resolved: Mapping[str, Any], latency: float,
                 bandwidth: float) -> Prediction:
-        n, s, k = cfg.workers, cfg.ps.shards, resolved["grad_bytes_logical"]
+        n, s, k = cfg.workers, cfg.ps.count, resolved["grad_bytes_logical"]
+        # the run's partition count (fewer when the real arrays have fewer elements), else the config's
+        m = resolved.get("ps_partitions") or partition_count(k, cfg.ps.partition_mb, s, numel=int(k) // 4 + 1)
+        if m < s:
+            raise NotModelled(f"{m} partitions for {s} servers (the arrays have fewer elements than there "
+                              "are servers): some servers hold nothing, which the model does not describe")
+        colocated = self.colocated_servers(cfg)
         push = cfg.compression.wire_bytes(k)
-        tail = "" if push == k else " (P: compressed push bytes)"
-        if not self.sync:
+        tail = ("" if push == k else " (P: compressed push bytes)") + (" colocated" if colocated else "")
+        if not self.sync and cfg.ps.staleness_bound is not None:  # pull at the start (worker.py)
             comm = costmodel.ps_async_comm_s(n, k, latency, bandwidth, shards=s, push=push)
             return Prediction(comm, "2*a + (P+K)/(S*B) (lower bound, no contention)" + tail)
-        comm = costmodel.ps_sync_pipelined_comm_s(n, k, latency, bandwidth, shards=s, push=push)
-        upper = costmodel.ps_sync_comm_s(n, k, latency, bandwidth, shards=s, push=push)
-        formula = "2*a + (N+2*S-1)*K/(S*B) (pipelined)" if push == k else \
-            "2*a + (N+S-1)*K/(S*B) + P/B (pipelined)"
-        return Prediction(comm, formula + tail, upper)
+        args = (n, k, latency, bandwidth, s, m, colocated, push)
+        if not self.sync:
+            return Prediction(psmodel.ps_async_partitioned_comm_s(*args),
+                              f"2*a + (min(P,K) + R*max(P,K))/(M*B), M={m}: one worker's push-pull "
+                              "(lower bound, no contention)" + tail)
+        upper = None if colocated else costmodel.ps_sync_comm_s(n, k, latency, bandwidth, shards=s, push=push)
+        return Prediction(psmodel.ps_partitioned_comm_s(*args),
+                          f"2*a + (pipeline fill + busiest NIC) in units of K/(M*B), M={m} partitions "
+                          f"on S={s} servers (testbed.analysis.psmodel)" + tail, upper)
 
     def bytes_per_worker(self, cfg: RunConfig, resolved: Mapping[str, Any]) -> float:
         """A worker pushes its (compressed) gradient slices, K (or P) bytes in all."""

@@ -8,9 +8,10 @@ gradients: it decides *when* a worker may start its next iteration.
 - ps-async with `--staleness-bound s` (SSP): iteration c of any worker may start only when every
   worker has finished iteration c-s-1 (`ssp_may_start`); the time held back is recorded as wait.
 
-Parameters are split across S shards balanced by bytes (a tensor may be split): shard s owns the
-flat range shard_bounds(numel, S)[s]. Records of shard 0 stand for the model update sequence
-(all shards see the same pushes); staleness is the largest over a worker's shards.
+Parameters are cut into partitions dealt round-robin to S servers (`testbed.ps.partition`), each
+versioned on its own. Records of partition 0 stand for the model update sequence (every partition
+sees the same pushes); staleness is the largest over a worker's partitions. With
+`--ps-placement colocated` server i sits in worker i's placement bundle and shares its NIC.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import numpy as np
 import ray
 
 from testbed.emulation.faults import NonFiniteGradient, ServerLost
+from testbed.ps.partition import partition
 from testbed.ps.schedule import Schedule
-from testbed.ps.server import ShardActor, shard_bounds
-from testbed.ps.worker import PSWorker
+from testbed.ps.server import ShardActor
+from testbed.ps.worker import PSWorker, nic_file, remove_nic_files
 from testbed.records import Recorder, UpdateRecord
 from testbed.runtime import remote
 from testbed.strategy import Strategy
@@ -38,7 +40,7 @@ RemoteShard = ray.remote(ShardActor)
 class ParameterServer(Strategy):
     def setup(self) -> None:
         cfg, t = self.config, self.config.cluster.timeout_s
-        n, s = cfg.workers, cfg.ps.shards
+        n, s = cfg.workers, cfg.ps.count
         self.workers = remote.spawn(RemotePSWorker, self.cluster, n, cfg, device="cpu",
                                     max_restarts=cfg.faults.max_restarts, concurrency=2)
         self.worker_live = remote.Liveness(self.workers, t, "worker")
@@ -47,29 +49,45 @@ class ParameterServer(Strategy):
         self.grad_bytes = remote.get(self.workers[0].logical_bytes.remote(), t, "sizes")
         factor = self.grad_bytes / (params.size * 4)
         self.sync = self.spec.sync
-        self.bounds = shard_bounds(params.size, s)
+        self.parts = partition(params.size, self.grad_bytes, cfg.ps.partition_mb, s)
+        self.colocated = self.spec.colocated_servers(cfg)
+        # a colocated server shares its worker's NIC: a small file on their machine (emulation)
+        self.nics = ([nic_file(self.run_id, i) if cfg.network.emulated else None for i in range(s)]
+                     if self.colocated else [None] * s)
+        if any(self.nics):
+            remote.get([self.workers[i].make_nic.remote(path) for i, path in enumerate(self.nics)], t, "shared NICs")
         ckpt = str(Path(self.workdir) / "checkpoints") if self.workdir else None
         if ckpt and cfg.faults.checkpoint_every:
             Path(ckpt).mkdir(parents=True, exist_ok=True)
         self.shards = [
-            RemoteShard.options(max_concurrency=2 * n + 4, max_restarts=cfg.faults.max_restarts,
-                                max_task_retries=0, **self.cluster.options(i, server=True)).remote(
-                hi - lo, cfg.network, i, factor, checkpoint_dir=ckpt,
+            RemoteShard.options(max_concurrency=2 * n * max(1, len(self.parts.on_server(i))) + 4,
+                                max_restarts=cfg.faults.max_restarts, max_task_retries=0,
+                                **self.cluster.options(i, server=True)).remote(
+                {p: hi - lo for p, (lo, hi) in enumerate(self.parts.bounds) if self.parts.server_of[p] == i},
+                cfg.network, i, factor, checkpoint_dir=ckpt,
                 checkpoint_every=cfg.faults.checkpoint_every, faults=cfg.faults.fail.items,
-                compression=cfg.compression, lr=cfg.workload.lr,
-                sync=self.sync, workers=n, backup=cfg.ps.backup_workers, max_updates=cfg.steps,
-                on_nan=cfg.faults.on_nan)
-            for i, (lo, hi) in enumerate(self.bounds)
+                compression=cfg.compression, nic=self.nics[i], local_worker=i if self.colocated else None,
+                lr=cfg.workload.lr, sync=self.sync, workers=n, backup=cfg.ps.backup_workers,
+                max_updates=cfg.steps, on_nan=cfg.faults.on_nan)
+            for i in range(s)
         ]
-        # parameters by a call, not in the constructor: a restarted shard loads its checkpoint
-        remote.get([sh.set_params.remote(params[lo:hi]) for sh, (lo, hi) in zip(self.shards, self.bounds,
-                                                                                  strict=True)], t, "PS parameters")
-        self.shard_live = remote.Liveness(self.shards, t, "PS shard")
-        remote.get([w.connect.remote(self.shards, self.bounds) for w in self.workers], t, "PS wiring")
+        # parameters by a call, not in the constructor: a restarted server loads its checkpoint
+        remote.get([sh.set_params.remote({p: params[lo:hi] for p, (lo, hi) in enumerate(self.parts.bounds)
+                                          if self.parts.server_of[p] == i})
+                    for i, sh in enumerate(self.shards)], t, "PS parameters")
+        self.shard_live = remote.Liveness(self.shards, t, "PS server")
+        self._wire(range(n))
+
+    def _wire(self, ranks: Any) -> None:
+        t = self.config.cluster.timeout_s
+        remote.get([self.workers[r].connect.remote(self.shards, self.parts, self.colocated) for r in ranks],
+                   t, "PS wiring")
 
     def run(self, recorder: Recorder) -> None:
         cfg = self.config
         self.sched = Schedule(cfg.workers, cfg.steps, sync=self.sync, bound=cfg.ps.staleness_bound)
+        # under SSP a worker pulls once the driver lets its iteration start (worker.py)
+        self.pull_after = cfg.ps.staleness_bound is None
         self.inflight: dict[Any, tuple[int, int, float]] = {}  # ref -> (worker, epoch, submitted)
         self.epoch = 0
         self.reviving: dict[Any, int] = {}  # ping ref -> worker being restarted
@@ -82,7 +100,7 @@ class ParameterServer(Strategy):
                 busy = {v[0] for v in self.inflight.values()} | set(self.reviving.values())
                 for w in self.sched.startable(busy):
                     ref = self.workers[w].iteration.remote(self.sched.next_iter[w], self.sched.min_version[w],
-                                                           self.epoch)
+                                                           self.epoch, pull_after=self.pull_after)
                     self.inflight[ref] = (w, self.epoch, time.time())
             if not self.inflight and not self.reviving:
                 break
@@ -140,7 +158,8 @@ class ParameterServer(Strategy):
 
     def _fill_updates(self, recorder: Recorder) -> None:
         """A worker that died after its push took the update's ack with it: read the shard's log."""
-        for u in remote.get(self.shards[0].updates_since.remote(self._next_version - 1),
+        first = self.shards[self.parts.server_of[0]]  # partition 0's versions stand for the model's
+        for u in remote.get(first.updates_since.remote(self._next_version - 1, 0),
                             self.config.cluster.timeout_s, "update log"):
             self._pending_updates.setdefault(u["version"], u)
         self._emit_updates(recorder)
@@ -152,7 +171,9 @@ class ParameterServer(Strategy):
         if not self.worker_live.answered(r, ref, timeout=t):
             self.reviving[self.worker_live.ping(r)] = r  # still restarting
             return
-        remote.get(self.workers[r].connect.remote(self.shards, self.bounds), t, "PS re-wiring")
+        if r < len(self.nics) and self.nics[r]:
+            remote.get(self.workers[r].make_nic.remote(self.nics[r]), t, "shared NIC")
+        self._wire([r])
         t0, cause = self.revive_info.pop(r)
         recorder.fault("worker-restart", f"worker{r}", self.sched.next_iter[r], t0, time.time(), cause=cause)
 
@@ -205,21 +226,46 @@ class ParameterServer(Strategy):
             self._next_version += 1
 
     def summary_extra(self) -> dict[str, Any]:
-        stats = remote.get([s.stats.remote() for s in self.shards], self.config.cluster.timeout_s, "server stats")
-        steps = max(1, stats[0]["version"])
+        t = self.config.cluster.timeout_s
+        stats = remote.get([s.stats.remote() for s in self.shards], t, "server stats")
+        nics = remote.get([w.nic_stats.remote() for w in self.workers], t, "worker NICs")
+        steps = max(1, max(s["version"] for s in stats))
         wall = max(1e-9, time.time() - self.t_run)
         return {
             "grad_bytes_logical": self.grad_bytes, "ps_shards": len(self.shards),
+            "ps_partitions": self.parts.count, "ps_placement": self.config.ps.placement,
+            "ps_partition_bytes": max(hi - lo for lo, hi in self.parts.bounds) * self.grad_bytes
+            / max(1, self.parts.bounds[-1][1]),
             "server_busy_frac": [s["busy_s"] / wall for s in stats],
             "server_ingress_bytes_per_step": [s["bytes_in"] / steps for s in stats],
             "server_egress_bytes_per_step": [s["bytes_out"] / steps for s in stats],
             "endpoint_late_s": sum(s["late_s"] for s in stats),
+            **self._links(stats, nics, steps, wall),
         }
 
+    def _links(self, stats: list[dict[str, Any]], nics: list[dict[str, Any]], steps: int,
+               wall: float) -> dict[str, Any]:
+        """Bytes through each NIC per model update, and how busy the busiest one was."""
+        ingress, egress = {}, {}
+        for r, w in enumerate(nics):
+            ingress[f"worker{r}"], egress[f"worker{r}"] = w["bytes_in"] / steps, w["bytes_out"] / steps
+        for i, s in enumerate(stats):
+            name = f"worker{i}" if self.colocated else f"ps{i}"  # a colocated server's NIC is its worker's
+            ingress[name] = ingress.get(name, 0.0) + s["bytes_in"] / steps
+            egress[name] = egress.get(name, 0.0) + s["bytes_out"] / steps
+        busiest = max(ingress, key=lambda k: max(ingress[k], egress[k]))
+        net = self.config.network
+        busy = (max(ingress[busiest], egress[busiest]) * steps / (net.bandwidth_Bps / net.dilation) / wall
+                if net.emulated else None)
+        return {"nic_ingress_bytes_per_step": ingress, "nic_egress_bytes_per_step": egress,
+                "bottleneck_nic": busiest, "bottleneck_busy_frac": busy}
+
     def parameters(self) -> dict[str, np.ndarray]:
-        parts = remote.get([s.get_params.remote() for s in self.shards], self.config.cluster.timeout_s, "params")
-        return unflatten(np.concatenate(parts), self.layout)
+        held = remote.get([s.get_params.remote() for s in self.shards], self.config.cluster.timeout_s, "params")
+        flat = np.concatenate([held[self.parts.server_of[p]][p] for p in range(self.parts.count)])
+        return unflatten(flat, self.layout)
 
     def teardown(self) -> None:
         remote.kill_all(getattr(self, "workers", []))
         remote.kill_all(getattr(self, "shards", []))
+        remove_nic_files(self.run_id)

@@ -1,57 +1,163 @@
-"""The PS client side of a worker: pull every shard, compute, push every shard, in one call.
+"""The PS client side of a worker: compute, then push every partition and pull it back.
 
-The driver only schedules iterations (and holds workers back under SSP); parameters and
-gradients go directly between workers and shards, all shards in parallel.
+    iteration c (push-pull, the default)          partitions p0 p1 p2 ... on servers s(p)
+      compute g on the params it holds
+      push g[p0] ---> s(p0)   push g[p1] ---> s(p1)   ...    back to back on the egress
+      <--- p0 of the next version  <--- p1 ...             as each partition is averaged
+      (the pulls overlap the later pushes on full-duplex links; the next iteration computes on them)
+
+A worker pulls at the start of an iteration instead when it holds no parameters yet (its first
+iteration, after a restart or a rollback) and under a staleness bound, whose rule is about what
+the pull may see once the driver lets the iteration start (testbed.ps.ssp). Parameters and
+gradients go directly between workers and servers, every partition in parallel; the driver only
+schedules iterations.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import os
+import tempfile
 import time
 from typing import Any
 
 import numpy as np
 import ray
 
+from testbed.emulation.endpoint import Endpoint
+from testbed.emulation.network import Nic, sleep_until
+from testbed.ps.partition import Partitioning
 from testbed.runtime.worker import WorkerBase
+
+NIC_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def nic_file(run_id: str, rank: int) -> str:
+    """Where worker `rank` keeps the NIC it shares with its colocated server (on its machine)."""
+    return os.path.join(NIC_DIR, f"testbed-nic-{run_id}-{rank}")
+
+
+def remove_nic_files(run_id: str) -> None:
+    """Remove this machine's NIC files of a run (other machines keep their 48-byte files)."""
+    for path in glob.glob(os.path.join(NIC_DIR, f"testbed-nic-{glob.escape(run_id)}-*")):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 class PSWorker(WorkerBase):
-    def connect(self, shards: list[Any], bounds: list[tuple[int, int]]) -> None:
-        self.shards, self.bounds = shards, bounds
+    def make_nic(self, path: str) -> None:
+        """Create (unless it exists: a restarted worker) the NIC file shared with the colocated
+        server, and send through it from now on."""
+        if not os.path.exists(path):
+            Nic.create_shared(path)
+        self.endpoint = Endpoint(self.config.network, self.actor, shared=path)
 
-    def iteration(self, iteration: int, min_version: int, epoch: int = 0) -> dict[str, Any]:
-        """Pull (blocking until min_version), compute, push; return timings and the shards' acks.
+    def nic_stats(self) -> dict[str, float]:
+        """Bytes this worker sent and received through its NIC (not what its colocated server did)."""
+        return {"bytes_in": self.endpoint.bytes_in, "bytes_out": self.endpoint.bytes_out}
 
-        Returns {"reset": True} without computing when a shard rolled back meanwhile.
+    def connect(self, servers: list[Any], parts: Partitioning, colocated: bool = False) -> None:
+        """Wire to the servers (server `rank` is on this machine when they are colocated)."""
+        self.servers, self.parts = servers, parts
+        self.local = self.rank if colocated and self.rank < parts.servers else None
+        self.held: tuple[np.ndarray, list[int], int] | None = None  # pulled params, versions, epoch
+
+    def _bytes(self, p: int) -> int:
+        lo, hi = self.parts.bounds[p]
+        return int((hi - lo) * 4 * self.logical_factor)
+
+    def _collect(self, calls: dict[Any, int], out: list[Any], reply: Any, timeout: float,
+                 until: float | None = None) -> float:
+        """Take the answers of `calls` (ref -> partition) into `out` as they come, queueing each
+        reply on the ingress on arrival; until wall time `until`, or until all have answered.
+        Returns the latest delivery time reserved."""
+        last = 0.0
+        while calls:
+            wait = timeout if until is None else max(0.0, until - time.time())
+            done, _ = ray.wait(list(calls), num_returns=1, timeout=wait)
+            if not done:
+                if until is not None:
+                    return last
+                raise TimeoutError(f"worker {self.rank}: a parameter server did not answer within {timeout:g}s")
+            p = calls.pop(done[0])
+            out[p] = ray.get(done[0])
+            got = reply(out[p])
+            if got is not None and self.parts.server_of[p] != self.local:
+                last = max(last, self.endpoint.delivery(self._bytes(p), got[3]))
+        return last
+
+    def _pull(self, min_version: int, epoch: int, timeout: float) -> tuple[list[Any], float]:
+        calls = {self.servers[self.parts.server_of[p]].pull.remote(p, min_version, timeout, epoch, self.rank): p
+                 for p in range(self.parts.count)}
+        pulled: list[Any] = [None] * self.parts.count
+        sleep_until(self._collect(calls, pulled, lambda r: r, timeout))
+        return pulled, max(r[2] for r in pulled)
+
+    def _push(self, grad: np.ndarray, versions: list[int], iteration: int, loss: float, epoch: int,
+              pull: float | None) -> tuple[list[Any], int]:
+        """Queue every partition on the egress at once (a FIFO NIC queue: what a colocated server
+        sends meanwhile goes behind them), then hand each to Ray at its departure -- a message is
+        not on the wire before it leaves, so servers see pushes in departure order -- taking
+        replies meanwhile."""
+        timeout = self.config.cluster.timeout_s
+        payloads = [self.outgoing(grad, lo, hi) for lo, hi in self.parts.bounds]
+        departures: list[float | None] = []
+        sent = 0
+        for p, payload in enumerate(payloads):
+            if self.parts.server_of[p] == self.local:
+                departures.append(None)
+                continue
+            nbytes = int(payload.nbytes * self.logical_factor)
+            sent += nbytes
+            departures.append(self.endpoint.send(nbytes))
+        calls: dict[Any, int] = {}
+        acks: list[Any] = [None] * self.parts.count
+        last = 0.0
+        for p, (payload, departure) in enumerate(zip(payloads, departures, strict=True)):
+            if departure is not None:
+                last = max(last, self._collect(calls, acks, lambda a: a.get("pull"), timeout, departure))
+            ref = self.servers[self.parts.server_of[p]].push.remote(
+                p, payload, versions[p], self.rank, iteration, loss, departure, epoch, pull)
+            calls[ref] = p
+        sleep_until(max(last, self._collect(calls, acks, lambda a: a.get("pull"), timeout)))
+        return acks, sent
+
+    def iteration(self, iteration: int, min_version: int, epoch: int = 0,
+                  pull_after: bool = True) -> dict[str, Any]:
+        """[Pull,] compute, push every partition [and pull it back]; timings and the servers' acks.
+
+        Returns {"reset": True} without computing when a server rolled back meanwhile.
         """
         timeout = self.config.cluster.timeout_s
         t0 = time.time()
-        pulled = ray.get([s.pull.remote(min_version, timeout, epoch) for s in self.shards], timeout=timeout)
-        if any(p[4] != epoch for p in pulled):
-            return {"reset": True}
-        for (lo, hi), p in zip(self.bounds, pulled, strict=True):
-            self.endpoint.receive(int((hi - lo) * 4 * self.logical_factor), p[3])
-        params = np.concatenate([p[0] for p in pulled]) if len(pulled) > 1 else pulled[0][0]
-        versions = [p[1] for p in pulled]
-        server_wait = max(p[2] for p in pulled)
+        server_wait = 0.0
+        if self.held is None or self.held[2] != epoch:
+            pulled, server_wait = self._pull(min_version, epoch, timeout)
+            if any(r[4] != epoch for r in pulled):
+                return {"reset": True}
+            self.held = (self._join([r[0] for r in pulled]), [r[1] for r in pulled], epoch)
+        params, versions, _ = self.held
         t_pulled = time.time()
-        self.span("recv", t0, t_pulled)
+        if t_pulled - t0 > 0.0005:
+            self.span("recv", t0, t_pulled)
         self.workload.set_params(params)
         grad, info = self.compute(iteration)
         t_pushing = time.time()
-        refs = []
-        sent = 0
-        for shard, (lo, hi), v in zip(self.shards, self.bounds, versions, strict=True):
-            payload = self.outgoing(grad, lo, hi)
-            nbytes = int(payload.nbytes * self.logical_factor)
-            sent += nbytes
-            departure = self.endpoint.send(nbytes)
-            refs.append(shard.push.remote(payload, v, self.rank, iteration, info["loss"], departure, epoch))
-        acks = ray.get(refs, timeout=timeout)
+        acks, sent = self._push(grad, versions, iteration, info["loss"], epoch, timeout if pull_after else None)
+        self.held = None
+        if pull_after and all("pull" in a for a in acks):
+            back = [a.pop("pull") for a in acks]
+            if all(r[4] == epoch for r in back):
+                self.held = (self._join([r[0] for r in back]), [r[1] for r in back], epoch)
+                server_wait += max(r[2] for r in back)
         t_done = time.time()
         self.span("send", t_pushing, t_done)
-        k = int(self.workload.numel * 4 * self.logical_factor)
+        recv = sum(self._bytes(p) for p in range(self.parts.count) if self.parts.server_of[p] != self.local)
         return self.report({**info, "t_start": t0, "versions": versions, "acks": acks,
                             "server_wait_s": server_wait,
-                            "comm_s": max(0.0, t_pulled - t0 - server_wait) + (t_done - t_pushing),
-                            "bytes_sent": sent, "bytes_recv": k, "t_end": t_done})
+                            "comm_s": max(0.0, (t_pulled - t0) + (t_done - t_pushing) - server_wait),
+                            "bytes_sent": sent, "bytes_recv": recv, "t_end": t_done})
+
+    def _join(self, parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]

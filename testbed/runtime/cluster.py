@@ -2,7 +2,7 @@
 stopped by `rayprocs.py`).
 
 Every actor of a run is placed through one placement group: bundle i is actor i (workers first,
-then servers). `--placement pack` fills nodes in order, `spread` puts bundles on distinct nodes
+then servers; a server colocated with worker i shares bundle i, so the same node). `--placement pack` fills nodes in order, `spread` puts bundles on distinct nodes
 where it can. CPU shares are fractional so that 8+ workers fit on a 2-core machine; a shortfall
 (GPUs, memory for that many processes) is reported before any actor is created.
 """
@@ -87,8 +87,9 @@ class Cluster:
     """Start (or attach to) Ray, reserve resources for one run's actors, release them."""
 
     def __init__(self, cfg: ClusterConfig, *, workers: int, servers: int = 0,
-                 torch_workers: bool = True) -> None:
+                 torch_workers: bool = True, colocated: bool = False) -> None:
         self.cfg, self.workers, self.servers = cfg, workers, servers
+        self.colocated = colocated  # server i in worker i's bundle (same node), not a bundle of its own
         self.torch_workers = torch_workers
         self.started_ray = False
         self.pg: Any = None
@@ -132,7 +133,7 @@ class Cluster:
         from ray.util.placement_group import placement_group
 
         assert self.plan is not None
-        bundles = [self._bundle(i) for i in range(self.workers + self.servers)]
+        bundles = [self._bundle(i) for i in range(self.workers + (0 if self.colocated else self.servers))]
         strategy = "SPREAD" if self.cfg.placement == "spread" else "PACK"
         self.pg = placement_group(bundles, strategy=strategy)
         ready, _ = ray.wait([self.pg.ready()], timeout=min(self.cfg.timeout_s, 60.0))
@@ -146,7 +147,8 @@ class Cluster:
     def _bundle(self, i: int) -> dict[str, float]:
         assert self.plan is not None
         if i < self.workers:
-            b = {"CPU": self.plan.cpus_per_worker}
+            cpus = self.plan.cpus_per_worker + (self.plan.cpus_per_server if self.colocated and i < self.servers else 0)
+            b = {"CPU": round(cpus, 4)}
             if self.plan.gpus_per_worker:
                 b["GPU"] = self.plan.gpus_per_worker
             return b
@@ -156,11 +158,13 @@ class Cluster:
         """Ray actor options for worker i (or server i) inside this run's placement group."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        index = self.workers + i if server else i
+        assert self.plan is not None
+        index = i if not server or self.colocated else self.workers + i
         bundle = self._bundle(index)
+        own = self.plan.cpus_per_server if server else self.plan.cpus_per_worker
         return {
-            "num_cpus": bundle["CPU"],
-            "num_gpus": bundle.get("GPU", 0),
+            "num_cpus": own,
+            "num_gpus": 0 if server else bundle.get("GPU", 0),
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_bundle_index=index
             ),

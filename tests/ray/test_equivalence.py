@@ -24,8 +24,8 @@ CASES = [
     ("ps-async", 1, MLP),  # one async worker is sequential SGD
     ("mapreduce", 4, SYN),
     ("ps-sync", 4, SYN),  # N = 1 of the parameter server: ps-async with one worker, above
-    ("ps-sync", 4, {**SYN, "ps.shards": 2}),
-    ("ps-sync", 3, {**SYN, "ps.shards": 3}),
+    ("ps-sync", 4, {**SYN, "ps.shards": 2, "ps.partition_mb": 0.002}),  # 5 partitions on 2 servers
+    ("ps-sync", 3, {**SYN, "ps.servers": 3, "ps.placement": "colocated", "ps.partition_mb": 0.002}),
     *[("ring", n, SMALL_BUCKETS) for n in (1, 2, 4)],  # N = 2: one chunk each way
     ("ring", 3, {**SMALL_BUCKETS, "ring.overlap": False}),
     # buckets overlapped, any-pair sends over gloo (the ring's exchange over torch: test_ring.py)

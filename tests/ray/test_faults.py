@@ -66,8 +66,10 @@ def test_nan_gradient_is_never_applied(strategy):
 
 
 def test_shard_death_resumes_from_checkpoint(tmp_path):
+    """Partitioned: 5 partitions on 2 servers, each checkpointed on its own; every one resumes."""
     cfg = make_config(strategy="ps-sync", workers=2, steps=8, **FAST,
-                      **{"faults.fail": "server=0,at=5", "faults.checkpoint_every": 2})
+                      **{"faults.fail": "server=0,at=5", "faults.checkpoint_every": 2,
+                         "ps.shards": 2, "ps.partition_mb": 0.002})
     out = run_strategy(cfg, workdir=str(tmp_path))
     (fault,) = [f for f in out["extra"]["faults"] if f["kind"] == "server-restart"]
     assert fault["resumed_from_version"] == 4 and fault["updates_redone"] >= 0

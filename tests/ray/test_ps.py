@@ -13,8 +13,9 @@ SLOW = "fixed:worker=0,delay=60ms"
 
 @pytest.fixture(scope="module")
 def async_slow():
+    # the MLP's 2,372 parameters in 3 partitions, each applied and pulled back on its own
     cfg = make_config(strategy="ps-async", workers=3, steps=40, straggler=SLOW,
-                      **{"workload.lr": 0.05})
+                      **{"workload.lr": 0.05, "ps.partition_mb": 0.003})
     return run_strategy(cfg)
 
 
@@ -76,10 +77,10 @@ def test_backup_worker_drops_exactly_one_gradient_per_version():
 def test_retried_push_is_not_applied_twice():
     cfg = make_config(strategy="ps-async", workers=1)
     shard = ray.remote(ShardActor).options(num_cpus=0.1, max_concurrency=4).remote(
-        4, cfg.network, 0, 1.0, lr=1.0, sync=False, workers=1)
+        {0: 4}, cfg.network, 0, 1.0, lr=1.0, sync=False, workers=1)
     g = np.ones(4, np.float32)
-    first = ray.get(shard.push.remote(g, 0, 0, 0, 1.0, None), timeout=30)
-    again = ray.get(shard.push.remote(g, 0, 0, 0, 1.0, None), timeout=30)
+    first = ray.get(shard.push.remote(0, g, 0, 0, 0, 1.0, None), timeout=30)
+    again = ray.get(shard.push.remote(0, g, 0, 0, 0, 1.0, None), timeout=30)
     assert (first["status"], again["status"]) == ("applied", "duplicate")
-    np.testing.assert_array_equal(ray.get(shard.get_params.remote(), timeout=30), -g)
+    np.testing.assert_array_equal(ray.get(shard.get_params.remote(), timeout=30)[0], -g)
     ray.kill(shard)

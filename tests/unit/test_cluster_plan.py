@@ -63,3 +63,17 @@ def test_unreachable_address_fails_fast():
     with pytest.raises(ConfigError, match="HOST:PORT"):
         check_reachable("nonsense")
     assert time.monotonic() - t0 < 10
+
+
+def test_colocated_servers_share_their_workers_bundles():
+    """Server i rides in worker i's bundle (so on its node) with its own CPU share on top."""
+    from testbed.config import ClusterConfig
+    from testbed.runtime.cluster import Cluster
+
+    c = Cluster(ClusterConfig(), workers=4, servers=2, colocated=True)
+    c.plan = plan(workers=4, servers=2)
+    share = c.plan.cpus_per_worker
+    assert [c._bundle(i)["CPU"] for i in range(4)] == pytest.approx([2 * share, 2 * share, share, share])
+    dedicated = Cluster(ClusterConfig(), workers=4, servers=2)
+    dedicated.plan = c.plan
+    assert [dedicated._bundle(i)["CPU"] for i in range(6)] == pytest.approx([share] * 6)

@@ -108,6 +108,14 @@ BAD = [
     ("backup-with-ps-async", {"strategy": "ps-async", "ps.backup_workers": 1},
      "--backup-workers", 1),
     ("ps-shards-on-ring", {"strategy": "ring", "ps.shards": 2}, "--ps-shards", 2),
+    ("ps-servers-contradicts-shards", {"strategy": "ps-sync", "ps.shards": 2, "ps.servers": 4},
+     "--ps-servers", 4),
+    ("ps-servers-zero", {"strategy": "ps-sync", "ps.servers": 0}, "--ps-servers", 0),
+    ("ps-colocated-more-servers-than-workers", {"strategy": "ps-sync", "workers": 2, "ps.shards": 3,
+                                                "ps.placement": "colocated"}, "--ps-placement", "colocated"),
+    ("ps-placement-unknown", {"strategy": "ps-sync", "ps.placement": "rack"}, "--ps-placement", "rack"),
+    ("ps-partition-negative", {"strategy": "ps-async", "ps.partition_mb": -1.0}, "--ps-partition-mb", -1.0),
+    ("ps-partition-on-ring", {"strategy": "ring", "ps.partition_mb": 1.0}, "--ps-partition-mb", 1.0),
     ("ps-shards-zero-on-mapreduce", {"strategy": "mapreduce", "ps.shards": 0}, "--ps-shards", 0),
     ("staleness-on-mapreduce", {"strategy": "mapreduce", "ps.staleness_bound": 0},
      "--staleness-bound", 0),
@@ -272,7 +280,8 @@ def test_from_dict_ignores_unknown_top_level_keys():
 
 def test_to_dict_is_nested_and_json_ready(tmp_path):
     d = _busy_config(tmp_path).to_dict()
-    assert d["ps"] == {"shards": 3, "staleness_bound": 2, "backup_workers": 0}
+    assert d["ps"] == {"shards": 3, "staleness_bound": 2, "backup_workers": 0, "servers": None,
+                       "placement": "dedicated", "partition_mb": 4.0}
     assert d["workload"]["payload"] == "scaled:0.25"
     json.dumps(d, allow_nan=False)
 

@@ -42,7 +42,7 @@ PURE = [
     "testbed.emulation.network", "testbed.emulation.endpoint", "testbed.emulation.stragglers",
     "testbed.emulation.faults", "testbed.analysis.metrics", "testbed.analysis.costmodel",
     "testbed.analysis.results", "testbed.analysis.baseline", "testbed.analysis.regression",
-    "testbed.analysis.plots",
+    "testbed.analysis.plots", "testbed.analysis.psmodel", "testbed.analysis.placement", "testbed.ps.partition",
     "testbed.analysis.runplots", "testbed.strategy", "testbed.registry", "testbed.sweepspec",
     "testbed.allreduce.ring", "testbed.allreduce.algorithms", "testbed.allreduce.spec",
     "testbed.gossip.topology", "testbed.gossip.spec", "testbed.ps.ssp", "testbed.ps.schedule",

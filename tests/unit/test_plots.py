@@ -137,3 +137,39 @@ def test_per_run_figures_live_in_runplots_and_stay_importable_from_plots():
     assert (loss_vs_updates, loss_vs_time) == (runplots.loss_vs_updates, runplots.loss_vs_time)
     with pytest.raises(AttributeError):
         _ = plots.no_such_figure
+
+
+def placement_table() -> pd.DataFrame:
+    k_bytes, b = 100 * 2**20, 1.25e9
+    rows = [{"strategy": "ring", "workers": 8, "status": "completed", "network.bandwidth": "10Gbit",
+             "grad_bytes_logical": k_bytes, "ps_shards": np.nan, "comm_s_per_step": 0.151,
+             "predicted_comm_s": 0.148}]
+    for placement, shards in (("dedicated", (1, 2, 4, 8)), ("colocated", (8,))):
+        for mb in (4.0, 0.0):
+            for k in shards:
+                t = 8 * k_bytes / (k * b) if placement == "dedicated" else 0.15
+                rows.append({"strategy": "ps-sync", "workers": 8, "status": "completed",
+                             "network.bandwidth": "10Gbit", "grad_bytes_logical": k_bytes, "ps_shards": k,
+                             "ps.placement": placement, "ps.partition_mb": mb,
+                             "comm_s_per_step": 1.05 * t, "predicted_comm_s": t})
+    return pd.DataFrame(rows)
+
+
+def test_placement_figure_draws_each_setting_the_ring_and_the_byteps_bound(tmp_path):
+    from testbed.analysis.placement import placement_figure
+
+    fig = placement_figure(placement_table())
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "BytePS bound t_opt(k)" in labels and "ring (measured)" in labels
+    assert "ps-sync dedicated, 4 MiB partitions (measured)" in labels
+    assert "ps-sync colocated, partitions off (model)" in labels
+    assert (tmp_path / "placement.png") in plots.figures_for_sweep(placement_table(), tmp_path)
+
+
+def test_placement_figure_needs_two_server_counts():
+    from testbed.analysis.placement import placement_figure
+
+    one_k = placement_table()
+    one_k = one_k[one_k["ps_shards"].isna() | (one_k["ps_shards"] == 8)]
+    with pytest.raises(plots.NoData, match="two or more server counts"):
+        placement_figure(one_k)
