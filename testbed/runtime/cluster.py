@@ -148,7 +148,7 @@ class Cluster:
         assert self.plan is not None
         if i < self.workers:
             cpus = self.plan.cpus_per_worker + (self.plan.cpus_per_server if self.colocated and i < self.servers else 0)
-            b = {"CPU": round(cpus, 4)}
+            b = {"CPU": cpus}
             if self.plan.gpus_per_worker:
                 b["GPU"] = self.plan.gpus_per_worker
             return b
