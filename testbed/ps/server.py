@@ -1,20 +1,24 @@
-"""The parameter-server shard: authoritative parameters, a version counter and the SGD step.
+"""The parameter server: per partition, authoritative parameters, a version counter and the SGD step.
 
-    worker r                         shard s (owns params[lo_s:hi_s])
-      |-- pull(min_version) -------->|   blocks until version >= min_version (sync barrier)
-      |<------ (params_s, version) --|
-      |   compute gradient g_r
-      |-- push(g_r[lo:hi], v_read, r, i) ->|  sync:  collect for v_read; at N-b: average, apply
-      |<-------------------- ack ----------|  async: apply now; staleness = version - v_read
+    worker r                          server s (holds partitions p with p mod S = s)
+      |   compute gradient g_r on the params it holds
+      |-- push(p, g_r[p], v_read, r, i, pull) -->|  sync:  collect for v_read; at N-b: average,
+      |                                          |         apply, and send every contributor its
+      |<----- ack + (params_p, v_read + 1) ------|         reply, in delivery order
+      |                                          |  async: apply now (staleness = version - v_read),
+      |                                          |         reply with the newest version
+      |-- pull(p, min_version) ------------------>|  (first iteration, after a rollback, under SSP)
+      |<-------------------- (params_p, version) -|  blocks until version >= min_version
 
-Staleness of an applied gradient = the shard's version at apply - the version the gradient was
-computed from: >= 0 always, 0 for synchronous training and for one async worker.
+Staleness of an applied gradient = the partition's version at apply - the version the gradient
+was computed from: >= 0 always, 0 for synchronous training and for one async worker.
 A push is applied at most once: (worker, iteration) pairs already seen are acknowledged as
-duplicates (Ray may retry a call). After `max_updates` versions the shard accepts no more.
-Cost per synchronous step: a shard receives N*K/S and sends N*K/S bytes (K = gradient bytes,
-S shards), all through its one NIC — the reason a single PS stops scaling.
+duplicates (Ray may retry a call). After `max_updates` versions a partition accepts no more.
+Cost per synchronous step: a server receives N*K*(its share) and sends as many bytes, all
+through its one NIC -- the reason a single PS stops scaling (testbed.analysis.psmodel).
 
-`ShardState` is the pure, thread-safe logic; `ShardActor` wraps it for Ray with the NIC.
+`ShardState` is the pure, thread-safe logic of one partition; `ShardActor` wraps a server's
+partitions for Ray with the NIC.
 """
 
 from __future__ import annotations

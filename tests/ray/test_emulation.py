@@ -1,4 +1,4 @@
-"""Emulated network and stragglers: shards against the cost model, injected delays.
+"""Emulated network and stragglers: server placement against the cost model, injected delays.
 
 The scaling curves of mapreduce, ring and ps-sync against the model (per point and as ratios)
 are tests/ray/test_regression.py's. Tolerances are ratios within one run, widened by what the
