@@ -4,7 +4,7 @@
     flags.py        the command line, generated from the fields
     validate.py     every rule (generic ones, and what each strategy's spec declares)
     checks.py       the field checks
-    stragglers.py faults.py compression.py payload.py
+    stragglers.py faults.py compression.py payload.py items.py
                     the spec-string grammars (--straggler, --fail, --compression, --payload) and types
 
 The lowest layer: it imports no other testbed package but `units`, never Ray or torch. A

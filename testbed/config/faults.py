@@ -11,8 +11,9 @@ What a fault does, and how runs recover, is `testbed.emulation.faults`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from testbed.config.items import Items
 
 KINDS = ("kill", "hang", "nan")
 
@@ -88,20 +89,11 @@ def check_faults(faults: tuple[Fault, ...], *, workers: int, servers: int) -> No
 
 
 @dataclass(frozen=True)
-class Faults:
-    """Parsed `--fail` items; `source` keeps the user's text for messages."""
+class Faults(Items):
+    """Parsed `--fail` items."""
 
     items: tuple[Fault, ...] = ()
-    source: str = field(default="none", compare=False)
-
-    def __iter__(self) -> Iterator[Fault]:
-        return iter(self.items)
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __str__(self) -> str:
-        return format_faults(self.items)
+    render = staticmethod(format_faults)
 
 
 def parse_faults_spec(text: str) -> Faults:

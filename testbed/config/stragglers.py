@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
+from testbed.config.items import Items
 from testbed.units import parse_duration
 
 __all__ = [
@@ -217,20 +217,11 @@ def validate_stragglers(specs: tuple[StragglerSpec, ...], workers: int) -> None:
 
 
 @dataclass(frozen=True)
-class Stragglers:
-    """Parsed `--straggler` items; `source` keeps the user's text for messages."""
+class Stragglers(Items):
+    """Parsed `--straggler` items."""
 
     items: tuple[StragglerSpec, ...] = ()
-    source: str = field(default="none", compare=False)
-
-    def __iter__(self) -> Iterator[StragglerSpec]:
-        return iter(self.items)
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __str__(self) -> str:
-        return format_stragglers(self.items)
+    render = staticmethod(format_stragglers)
 
 
 def parse_stragglers_spec(text: str) -> Stragglers:
