@@ -200,7 +200,6 @@ class ShardActor:
         self.actor = f"ps{rank}"
         self.endpoint = Endpoint(net, self.actor, shared=nic)
         self.local_worker = local_worker
-        self.local_bytes = 0  # to and from the colocated worker, never on the NIC
         self.factor = logical_factor
         self.logical = {p: int(n * 4 * logical_factor) for p, n in sizes.items()}
         self.decompressors = ({p: Compressor(compression, n) for p, n in sizes.items()}
@@ -260,8 +259,7 @@ class ShardActor:
 
     def _send(self, part: int, worker: int) -> float | None:
         """Queue partition `part` for `worker` on the egress; its departure (None: local)."""
-        if worker == self.local_worker:
-            self.local_bytes += self.logical[part]
+        if worker == self.local_worker:  # the colocated worker: never on the NIC
             return None
         return self.endpoint.send(self.logical[part])
 
@@ -288,7 +286,6 @@ class ShardActor:
         st = self.parts[part]
         nbytes = int(grad.nbytes * self.factor)
         if worker == self.local_worker:
-            self.local_bytes += nbytes
             delivered = t0
         else:
             delivered = self.endpoint.delivery(nbytes, departure)
@@ -365,6 +362,6 @@ class ShardActor:
     def stats(self) -> dict[str, Any]:
         states = list(self.parts.values())
         return {"busy_s": sum(st.busy_s for st in states), "bytes_in": self.endpoint.bytes_in,
-                "late_s": self.endpoint.late_s, "bytes_local": self.local_bytes,
+                "late_s": self.endpoint.late_s,
                 "bytes_out": self.endpoint.bytes_out, "version": self.version(),
                 "wall_s": time.time() - self.t_created}
