@@ -1,6 +1,6 @@
 """The parameter-server placement figure: communication per step against the number of servers k.
 
-One panel per bandwidth. For each PS setting (placement, partitions on or off) the measured
+One panel per (workers, bandwidth). For each PS setting (placement, partitions on or off) the measured
 communication per step (points, mean and spread over repeats) and the cost model's prediction for
 that run (line); every serverless strategy in the table (the ring) as horizontal lines, measured
 and predicted; and the
@@ -39,10 +39,12 @@ def placement_figure(table: pd.DataFrame) -> Figure:
     ps = rows.dropna(subset=["ps_shards"])  # runs with servers (the parameter server's summary key)
     if ps["ps_shards"].nunique() < 2:
         raise NoData("the placement figure needs parameter-server runs at two or more server counts")
-    bandwidths = sorted(ps["network.bandwidth"].unique(), key=lambda b: units.parse_bandwidth(b))
-    fig, axes = new_figure(len(bandwidths), width=6.0)
-    for ax, bw in zip(axes, bandwidths, strict=True):
-        here = ps[ps["network.bandwidth"] == bw].assign(_setting=lambda t: t.apply(_setting, axis=1))
+    panels = sorted({(int(n), bw) for n, bw in zip(ps["workers"], ps["network.bandwidth"], strict=True)},
+                    key=lambda p: (p[0], units.parse_bandwidth(p[1])))
+    fig, axes = new_figure(len(panels), width=6.0)
+    for ax, (n, bw) in zip(axes, panels, strict=True):  # one panel per (N, bandwidth)
+        here = ps[(ps["workers"] == n) & (ps["network.bandwidth"] == bw)]
+        here = here.assign(_setting=here.apply(_setting, axis=1))
         settings = list(dict.fromkeys(here["_setting"]))
         for color, setting in zip(colors(len(settings)), settings, strict=True):
             group = here[here["_setting"] == setting].groupby("ps_shards")
@@ -51,12 +53,12 @@ def placement_figure(table: pd.DataFrame) -> Figure:
                         label=f"{setting} (measured)", capsize=3)
             ax.plot(pred.index, 1e3 * pred.to_numpy(), "_-", color=color, alpha=0.6, markersize=14,
                     label=f"{setting} (model)")
-        n, k_bytes = int(here["workers"].iloc[0]), float(here["grad_bytes_logical"].iloc[0])
+        k_bytes = float(here["grad_bytes_logical"].iloc[0])
         b = units.parse_bandwidth(bw)
         ks = list(range(1, int(here["ps_shards"].max()) + 1))
         ax.plot(ks, [1e3 * byteps_optimal_comm_s(n, k, k_bytes, b) for k in ks], ":", color="black",
                 label="BytePS bound t_opt(k)")
-        others = rows[rows["ps_shards"].isna() & (rows["network.bandwidth"] == bw)]
+        others = rows[rows["ps_shards"].isna() & (rows["network.bandwidth"] == bw) & (rows["workers"] == n)]
         for name, other in others.groupby("strategy"):  # serverless strategies: one line each
             ax.axhline(1e3 * other["comm_s_per_step"].mean(), color="gray", ls="--", label=f"{name} (measured)")
             ax.axhline(1e3 * other["predicted_comm_s"].mean(), color="gray", ls="-", alpha=0.4,
