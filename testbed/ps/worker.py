@@ -156,7 +156,9 @@ class PSWorker(WorkerBase):
         recv = sum(self._bytes(p) for p in range(self.parts.count) if self.parts.server_of[p] != self.local)
         return self.report({**info, "t_start": t0, "versions": versions, "acks": acks,
                             "server_wait_s": server_wait,
-                            "comm_s": max(0.0, (t_pulled - t0) + (t_done - t_pushing) - server_wait),
+                            # moving bytes: the pull and push-pull spans less the longest wait at a
+                            # server for the others (not clamped: a negative value would be a bug)
+                            "comm_s": (t_pulled - t0) + (t_done - t_pushing) - server_wait,
                             "bytes_sent": sent, "bytes_recv": recv, "t_end": t_done})
 
     def _join(self, parts: list[np.ndarray]) -> np.ndarray:
