@@ -24,22 +24,18 @@ MapReduce-style driver aggregation: ``2(a + N K/B)``. The driver is a single NIC
 sends K bytes of parameters to each of N workers (N K through its egress) and receives N
 gradients of K bytes (N K through its ingress); each phase adds one latency.
 
-Pipelined variants (what the emulator and a full-duplex network do with zero compute):
-``ps-sync 2a + (N + 2S - 1) K/(S B)`` and ``mapreduce 2a + (N + 1) K/B``. Egress and ingress
-are separate queues, so the first worker's push overlaps the later workers' pulls: shard s
-delivers worker i's pull at a + (i + S) K/(S B) (its S pieces serialise at the worker's
-ingress), the worker's S pushes leave one after another and the last reaches its shard
-a + S K/(S B) later; the last worker (i = N-1) ends the step. With S = 1 this is
-2a + (N+1) K/B, the same as the driver of MapReduce. The no-overlap formulas above are the
-upper bounds every step respects; the specs report both.
+Pipelined MapReduce (what the emulator and a full-duplex network do with zero compute):
+``2a + (N + 1) K/B``. Egress and ingress are separate queues, so the first worker's push
+overlaps the later workers' pulls: the driver delivers worker i's parameters at a + (i + 1) K/B,
+the worker's gradient reaches the driver a + K/B later, and the last worker (i = N-1) ends the
+step. The no-overlap formula above is the upper bound every step respects; the spec reports
+both. (The parameter server pipelines differently -- push-pull per partition, ``psmodel``.)
 
-Compressed pushes (``--compression`` on the parameter server and MapReduce): a worker pushes
-P bytes in all (P = K/2 for fp16, about 2 F K for top-k) while parameters still travel as K.
-Worker i's pull lands at a + (i + S) K/(S B) as above, its pushes leave back to back and the
-last lands P/B + a later; pushes of consecutive workers reach a shard K/(S B) apart and each
-holds its ingress only P/(S B) <= K/(S B), so they never queue. The last worker ends the step:
-``2a + (N + S - 1) K/(S B) + P/B`` (MapReduce: ``2a + N K/B + P/B``); the no-overlap bounds
-become ``2a + N (K + P)/(S B)`` and ``2a + N (K + P)/B``.
+Compressed pushes (``--compression`` on MapReduce): a worker pushes P bytes (P = K/2 for fp16,
+about 2 F K for top-k) while parameters still travel as K. Worker i's parameters land at
+a + (i + 1) K/B as above and its push P/B + a later; consecutive workers' pushes reach the
+driver K/B apart and each holds its ingress only P/B <= K/B, so they never queue:
+``2a + N K/B + P/B``; the no-overlap bound becomes ``2a + N (K + P)/B``.
 
 Halving-doubling (Rabenseifner): ``2 log2(N) a + 2 (N-1)/N K/B``. Recursive halving does
 log2 N rounds exchanging K/2, K/4, ..., K/N bytes, which sum to (N-1)/N K; recursive
@@ -97,7 +93,6 @@ __all__ = [
     "mapreduce_pipelined_comm_s",
     "ps_async_comm_s",
     "ps_sync_comm_s",
-    "ps_sync_pipelined_comm_s",
     "ring_comm_s",
     "sparse_allgather_comm_s",
     "tree_comm_s",
@@ -211,19 +206,6 @@ def gossip_comm_s(d: int, k: float, a: float, b: float) -> float:
         return 0.0
     # d copies of the model leave through one egress; one latency for the last to land.
     return a + d * k / b
-
-
-def ps_sync_pipelined_comm_s(n: int, k: float, a: float, b: float, shards: int = 1,
-                             push: float | None = None) -> float:
-    """Return 2a + (N + S - 1) K/(S B) + P/B: pulls and pushes overlap on full-duplex NICs.
-
-    With P = K (no compression) this is 2a + (N + 2S - 1) K/(S B).
-    """
-    _count("workers", n, 1)
-    _count("shards", shards, 1)
-    _link(k, a, b)
-    p = k if push is None else push
-    return 2 * a + (n + shards - 1) * k / (shards * b) + p / b
 
 
 def mapreduce_pipelined_comm_s(n: int, k: float, a: float, b: float, push: float | None = None) -> float:

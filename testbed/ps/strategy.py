@@ -63,7 +63,7 @@ class ParameterServer(Strategy):
             RemoteShard.options(max_concurrency=2 * n * max(1, len(self.parts.on_server(i))) + 4,
                                 max_restarts=cfg.faults.max_restarts, max_task_retries=0,
                                 **self.cluster.options(i, server=True)).remote(
-                {p: hi - lo for p, (lo, hi) in enumerate(self.parts.bounds) if self.parts.server_of[p] == i},
+                {p: self.parts.bounds[p][1] - self.parts.bounds[p][0] for p in self.parts.on_server(i)},
                 cfg.network, i, factor, checkpoint_dir=ckpt,
                 checkpoint_every=cfg.faults.checkpoint_every, faults=cfg.faults.fail.items,
                 compression=cfg.compression, nic=self.nics[i], local_worker=i if self.colocated else None,
@@ -72,8 +72,7 @@ class ParameterServer(Strategy):
             for i in range(s)
         ]
         # parameters by a call, not in the constructor: a restarted server loads its checkpoint
-        remote.get([sh.set_params.remote({p: params[lo:hi] for p, (lo, hi) in enumerate(self.parts.bounds)
-                                          if self.parts.server_of[p] == i})
+        remote.get([sh.set_params.remote({p: params[slice(*self.parts.bounds[p])] for p in self.parts.on_server(i)})
                     for i, sh in enumerate(self.shards)], t, "PS parameters")
         self.shard_live = remote.Liveness(self.shards, t, "PS server")
         self._wire(range(n))

@@ -9,7 +9,6 @@ from testbed.analysis.costmodel import (
     mapreduce_pipelined_comm_s,
     ps_async_comm_s,
     ps_sync_comm_s,
-    ps_sync_pipelined_comm_s,
     ring_comm_s,
 )
 
@@ -108,16 +107,15 @@ def test_ps_async_is_a_lower_bound_on_ps_sync():
         assert ps_async_comm_s(n, K, A, B) <= ps_sync_comm_s(n, K, A, B)
 
 
-def test_pipelined_models_agree_with_the_nic_simulation():
-    """Zero-compute PS step on the NIC model: pulls out, pushes back, full duplex."""
+def test_pipelined_mapreduce_agrees_with_the_nic_simulation():
+    """Zero-compute MapReduce step on the NIC model: parameters out, gradients back, full duplex."""
     from testbed.emulation.network import LinkSpec, simulate
 
     n, k = 6, 1e6
     link = LinkSpec(bandwidth=B, latency=A)
-    pulls = simulate([("ps", f"w{i}", k, 0.0) for i in range(n)], link)
-    pushes = simulate([(f"w{i}", "ps", k, t) for i, t in enumerate(pulls)], link)
+    pulls = simulate([("driver", f"w{i}", k, 0.0) for i in range(n)], link)
+    pushes = simulate([(f"w{i}", "driver", k, t) for i, t in enumerate(pulls)], link)
     assert max(pushes) == pytest.approx(mapreduce_pipelined_comm_s(n, k, A, B))
-    assert max(pushes) == pytest.approx(ps_sync_pipelined_comm_s(n, k, A, B, shards=1))
 
 
 @pytest.mark.parametrize(
