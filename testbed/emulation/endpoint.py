@@ -40,9 +40,12 @@ class Endpoint:
     def send(self, nbytes: int) -> float | None:
         """Queue nbytes on the egress; return the departure stamp that travels with the message.
 
-        The sender does not sleep: its egress reservation alone delays its later messages, and
+        The sender need not sleep: its egress reservation alone delays its later messages, and
         the receiver waits until delivery. So real transport latency (a Ray call takes about a
-        millisecond here) hides inside the emulated a + n/B instead of adding to it.
+        millisecond here) hides inside the emulated a + n/B instead of adding to it. A sender with
+        many messages in flight to the same receivers (the parameter server's partitions) hands
+        each to the transport at its departure (`sleep_until`), so that receivers, which queue in
+        the order messages reach them, see them in departure order.
         """
         self.bytes_out += nbytes
         if self.nic is None:
