@@ -6,6 +6,7 @@ Raw records first, statistics later (`testbed.analysis.metrics` derives the summ
                    samples, loss, staleness, injected delay
     UpdateRecord   one model update: version, time, contributors, dropped, loss
     Event          one span on an actor's timeline (compute / send / recv / reduce / apply / wait)
+    EvalRecord     one held-out evaluation of the authoritative model at a version
 
 A gradient that was never applied has `version_applied` and `staleness` None (null in the
 tables), so means over the column are means over applied gradients. Pure: no Ray, no torch.
@@ -67,9 +68,21 @@ class Event:
     t1: float
 
 
+@dataclass
+class EvalRecord:
+    """The authoritative model at one version, scored on the held-out split (off the critical path)."""
+
+    version: int  # the parameter version evaluated (0: the initial parameters)
+    eval_loss: float
+    eval_acc: float | None  # top-1 accuracy (per token for a language model); None where there is none
+    eval_ms: float  # how long the evaluation took, real milliseconds (its own process; never a step's)
+    t_done: float  # wall clock when it finished
+
+
 STEP_COLUMNS = tuple(f.name for f in fields(StepRecord))
 UPDATE_COLUMNS = tuple(f.name for f in fields(UpdateRecord))
 EVENT_COLUMNS = tuple(f.name for f in fields(Event))
+EVAL_COLUMNS = tuple(f.name for f in fields(EvalRecord))
 
 # What a worker reports about one iteration (the strategy adds versions and wait).
 REPORT_KEYS = ("t_start", "compute_s", "comm_s", "bytes_sent", "bytes_recv", "samples", "loss",
@@ -115,8 +128,36 @@ class Recorder:
         self._lock = threading.RLock()
         self.max_skipped = max_skipped
         self.skipped = 0  # non-finite gradients left out (nan-skipped faults)
+        self.evals: list[dict[str, Any]] = []
         self.dilation: Dilation | None = None
         self.first_update_at: float | None = None  # wall clock of the first update (start-up figures)
+        self._eval_every, self._eval_last = 0, -1
+        self._evaluate: Callable[[int, Any], None] | None = None
+
+    # ---- evaluation of the authoritative model (testbed.evaluation does the work)
+    def plan_evaluation(self, every: int, last: int, evaluate: Callable[[int, Any], None]) -> None:
+        """Evaluate versions 0, every, 2 every, ... and `last` (the run's final update) by calling
+        `evaluate(version, params)`; every = 0: none."""
+        self._eval_every, self._eval_last, self._evaluate = every, last, evaluate
+
+    def wants_eval(self, version: int) -> bool:
+        """True when the strategy should hand over the parameters of `version` (`evaluate`)."""
+        if self._evaluate is None or self._eval_every <= 0:
+            return False
+        return version % self._eval_every == 0 or version == self._eval_last
+
+    def evaluate(self, version: int, params: Any) -> None:
+        """The authoritative parameters after `version`: a flat array the caller will not change
+        again, or a callable that returns one (called off the strategy's thread)."""
+        if self.wants_eval(version):
+            assert self._evaluate is not None
+            self._evaluate(version, params)
+
+    def evaluation(self, rec: EvalRecord) -> None:
+        row = self._time(asdict(rec))  # t_done moves with --dilation; eval_ms is real compute and stays
+        with self._lock:
+            self.evals.append(row)
+            self._emit("eval", row)
 
     def dilate(self, factor: float, origin: float) -> None:
         """From now on take times into the clock of a cluster run `factor` times slower since
@@ -181,5 +222,6 @@ class Recorder:
         with self._lock:
             undone = [u for u in self.updates if u["version"] > version]
             self.updates = [u for u in self.updates if u["version"] <= version]
+            self.evals = [e for e in self.evals if e["version"] <= version]  # redone versions are evaluated again
             self.extra.setdefault("rolled_back_updates", []).extend(undone)
             self._emit("rollback", {"version": version})

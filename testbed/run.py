@@ -54,6 +54,8 @@ def _report(cfg: RunConfig, outcome: Any) -> int:
         print(f"testbed.run: error: {outcome.error_line}", file=sys.stderr)
     if outcome.summary and outcome.summary.get("fidelity_warning"):
         print(f"testbed.run: warning: {outcome.summary['fidelity_warning']}", file=sys.stderr)
+    if outcome.summary and outcome.summary.get("eval_error"):
+        print(f"testbed.run: warning: held-out evaluation: {outcome.summary['eval_error']}", file=sys.stderr)
     if outcome.folder is not None:
         if not cfg.quiet and outcome.summary:
             print(format_summary(outcome.summary))
@@ -100,6 +102,14 @@ def format_summary(s: dict[str, Any]) -> str:
         ("bytes sent / worker / step", "-" if b is None else f"{b / 2**20:.3f} MiB"),
         ("loss first -> last", f"{num('loss_first', '{:.4f}')} -> {num('loss_last', '{:.4f}')}"),
     ]
+    if s.get("eval_loss_last") is not None:
+        acc = "" if s.get("eval_acc_last") is None else f", acc {s['eval_acc_last']:.3f}"
+        best = "" if s.get("eval_loss_optimum") is None else f"  (optimum {s['eval_loss_optimum']:.4f})"
+        rows.append(("held-out loss (last)", f"{s['eval_loss_last']:.4f}{acc}{best}  [{s['evaluations']} evaluations]"))
+    if s.get("target_loss") is not None or s.get("target_acc") is not None:
+        hit = ("not reached" if s.get("time_to_target_s") is None else
+               f"{s['time_to_target_s']:.2f} s, {s['updates_to_target']} updates, {s['samples_to_target']} samples")
+        rows.append(("time to target", hit))
     if s.get("staleness_max") is not None and s.get("staleness_max"):
         rows.append(("staleness mean / p95 / max",
                      f"{s['staleness_mean']:.2f} / {s['staleness_p95']:.1f} / {s['staleness_max']}"))

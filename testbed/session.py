@@ -34,13 +34,15 @@ from typing import Any
 
 import numpy as np
 
+from testbed.analysis.evals import eval_points, eval_summary
 from testbed.analysis.results import OutputError, RunFolder, chrome_trace, new_run_id, table_frame
 from testbed.config import ConfigError, RunConfig
 from testbed.config.calibration import load_calibration
 from testbed.emulation.dilation import advice
 from testbed.emulation.faults import Diverged, NonFiniteGradient, RestartsExhausted, ServerLost
+from testbed.evaluation import Evaluator
 from testbed.interrupts import INTERRUPTS, Interrupts
-from testbed.records import STEP_COLUMNS, UPDATE_COLUMNS, Recorder
+from testbed.records import EVAL_COLUMNS, STEP_COLUMNS, UPDATE_COLUMNS, Recorder
 from testbed.runtime.cluster import Cluster
 from testbed.runtime.rayprocs import RayMessages, end_ray_processes, silence_stderr
 from testbed.strategy import NotModelled, StrategySpec
@@ -92,7 +94,7 @@ class _Ended:
 
 def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, interrupts: Interrupts,
              launched: float | None) -> Outcome:
-    ended, folder, log, bar = _Ended(), None, None, None
+    ended, folder, log, bar, evaluator = _Ended(), None, None, None, None
     recorder, strategy, params, extra = Recorder(max_skipped=cfg.faults.max_skipped), None, None, {}
     t_start = time.time()
     marks = {"launched": launched, "session": t_start}  # start-up milestones (wall clock)
@@ -122,11 +124,14 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
             bar = _progress(cfg)
             recorder = Recorder(sink=log, on_update=(lambda _u: bar.update(1)) if bar else None,
                                 max_skipped=cfg.faults.max_skipped)
+            evaluator = Evaluator(cfg, recorder, on_result=_show_eval(bar))
+            evaluator.attach()  # held-out evaluations, off the critical path (testbed.evaluation)
         strategy = spec.create(cfg, cluster, run_id=run_id, workdir=str(folder.path))
         strategy.setup()
         marks["actors"] = time.time()
         recorder.dilate(cfg.network.dilation, origin=marks["actors"])  # the emulated cluster's clock
         strategy.run(recorder)
+        evaluator.finish(cfg.cluster.timeout_s)  # the versions still queued (the actors hold PS snapshots)
         params = strategy.parameters()
         extra = strategy.summary_extra()
     except (KeyboardInterrupt, SystemExit):  # SystemExit: Ray's own SIGTERM handler, set inside ray.init
@@ -147,6 +152,8 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
             except OSError:
                 pass
     finally:
+        if evaluator is not None:
+            evaluator.stop()
         if bar is not None:
             bar.close()
     if ended.status == "completed":
@@ -154,7 +161,8 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
     with interrupts.shielded():  # what was measured is saved whatever arrives now
         summary = None
         if log is not None:
-            summary = finish(folder, spec, cfg, recorder, ended, params, recorder.summary_extras(extra), marks)
+            summary = finish(folder, spec, cfg, recorder, ended, params, recorder.summary_extras(extra), marks,
+                             evaluator)
             log.close()
         clean = shut_down(strategy, cluster, SHUTDOWN_S if ended.status == "completed" else SHUTDOWN_INTERRUPTED_S)
         RayMessages.to(None)
@@ -197,17 +205,31 @@ def shut_down(strategy: Any, cluster: Any, timeout: float) -> bool:
     return not thread.is_alive()
 
 
+def _show_eval(bar: Any) -> Any:
+    """The progress bar's latest held-out evaluation."""
+    if bar is None:
+        return None
+
+    def show(rec: Any) -> None:
+        acc = "" if rec.eval_acc is None else f", acc {rec.eval_acc:.3f}"
+        bar.set_postfix_str(f"eval@{rec.version} loss {rec.eval_loss:.4f}{acc}", refresh=False)
+    return show
+
+
 def finish(folder: RunFolder, spec: StrategySpec, cfg: RunConfig, recorder: Recorder, ended: _Ended,
-           params: Any, extra: dict[str, Any], marks: dict[str, float | None]) -> dict[str, Any]:
+           params: Any, extra: dict[str, Any], marks: dict[str, float | None],
+           evaluator: Any = None) -> dict[str, Any]:
     """Write the record tables and the parameters, then the summary: it says how the run ended,
     including a file that could not be written (the summary itself last, when it still can be)."""
     steps = table_frame(recorder.steps, STEP_COLUMNS)
     updates = table_frame(recorder.updates, UPDATE_COLUMNS)
+    points = eval_points(table_frame(recorder.evals, EVAL_COLUMNS), updates, steps, cfg.workload.batch_size)
     folder.release_reserve()  # the space set aside at the start is for what is written now
     try:
         if isinstance(ended.cause, OutputError):  # the disk is full: keep the room for the summary;
             raise ended.cause  # the tables can be rebuilt from records.jsonl (`load_run`)
         folder.write_records(recorder)
+        folder.write_evals(points)
         if params is not None:
             folder.write_params(params)
         if cfg.timeline and recorder.events:
@@ -217,6 +239,10 @@ def finish(folder: RunFolder, spec: StrategySpec, cfg: RunConfig, recorder: Reco
         if ended.status in ("completed", "diverged"):
             ended.set("failed", 1, str(exc))
     summary = summarize_run(spec, cfg, steps, updates, extra, ended.status)
+    summary.update(eval_summary(points, cfg.eval.target_loss, cfg.eval.target_acc,
+                                evaluator.optimum if evaluator is not None else None))
+    summary["eval_every"] = cfg.eval.interval(cfg.steps)
+    summary["eval_error"] = evaluator.error if evaluator is not None else None
     summary["run_id"] = folder.path.name
     summary["elapsed_s"] = time.time() - marks["session"]
     summary.update(startup(marks, float(steps["t_start"].min()) if len(steps) else None, recorder.first_update_at))

@@ -32,6 +32,7 @@ from testbed.allreduce.channels import Link, Outgoing
 from testbed.allreduce.collectives import ring_allreduce, run_schedule, sparse_ring_allgather
 from testbed.allreduce.ring import make_buckets, ring_neighbours
 from testbed.compression import Compressor, unpack_sparse
+from testbed.optim import Optimizer, optimizer_for, to_numpy_state
 from testbed.runtime.remote import RemoteTimeout, get
 from testbed.runtime.transport import (
     Mailbox,
@@ -91,7 +92,8 @@ class RingPeer(WorkerBase):
         self.compressors: dict[int, Compressor] = {}  # top-k: one residual per bucket
         self.groups = groups_of_size(self.n, config.ring.node_size or self.n)
         self._schedules: dict[int, list] = {}
-        self._snapshot: tuple[int, Any] | None = None  # (iteration, params before its update)
+        self.optimizer = Optimizer(optimizer_for(config.workload))  # every replica steps the same state
+        self._snapshot: tuple[int, Any, Any] | None = None  # (iteration, params, optimizer state before it)
         # only the object-store ring is rebuilt after a death (allreduce/strategy.py)
         self._recoverable = (not library and config.ring.transport == "object-store"
                              and config.faults.max_restarts > 0)
@@ -232,9 +234,19 @@ class RingPeer(WorkerBase):
         self.mailbox.reset()
         if self._snapshot is not None and self._snapshot[0] == iteration:
             self.workload.set_params(self._snapshot[1])
+            self.optimizer.load_state_dict(self._snapshot[2])
 
-    def train_step(self, iteration: int, attempt: int = 0) -> dict[str, Any]:
-        """Compute, allreduce every bucket (overlapped with backward or after it), apply SGD."""
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's state (numpy), for a restarted peer to continue from."""
+        return to_numpy_state(self.optimizer.state_dict())
+
+    def set_optimizer_state(self, state: dict[str, Any]) -> None:
+        like = getattr(self.workload, "flat", None)
+        self.optimizer.load_state_dict(state, like=like if like is not None else self.workload.get_params())
+
+    def train_step(self, iteration: int, attempt: int = 0, send_params: bool = False) -> dict[str, Any]:
+        """Compute, allreduce every bucket (overlapped with backward or after it), apply the
+        optimizer; with `send_params`, the report carries the parameters after it (evaluation)."""
         t_start = time.time()
         self.attempt = attempt  # tags carry it: messages of an aborted attempt never match
         batch = self.workload.batch(self.rank, iteration)
@@ -257,11 +269,12 @@ class RingPeer(WorkerBase):
         finite = self.nan.admit(grad, f"step {iteration}: the summed gradient")
         if finite:
             if self._recoverable:  # what a rollback returns to; its copy is part of apply_s
-                self._snapshot = (iteration, self.workload.get_params())
-            self.workload.apply_update(grad, self.config.workload.lr)
+                self._snapshot = (iteration, self.workload.get_params(), self.optimizer.state_dict())
+            self.workload.apply_update(grad, self.optimizer)
         t_a1 = time.time()
         self.span("apply", t_a0, t_a1)
-        return self.report({
+        extra = {"params": self.workload.get_params()} if send_params else {}
+        return self.report({**extra,
             **info, "t_start": t_start, "comm_s": t_comm_end - info["t_computed"], "apply_s": t_a1 - t_a0,
             "bucket_s": bucket_s, "bytes_sent": int(sent[0] * self.logical_factor),
             "bytes_recv": int(sent[1] * self.logical_factor), "t_end": t_a1, "applied": finite})

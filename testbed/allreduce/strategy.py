@@ -3,7 +3,7 @@
 Every worker holds a full replica. Per step each computes its gradient, the gradient buckets
 (tensor fusion, last layers first, `--bucket-mb`) are summed across workers — by our ring
 schedule (`ring.py`, moved by `peer.py`) or by torch.distributed.all_reduce — divided by N, and
-every worker applies the same SGD update to its own replica. No parameter is ever sent; per
+every worker applies the same optimizer step (testbed.optim) to its own replica. No parameter is ever sent; per
 step each worker sends 2K(N-1)/N bytes (K = gradient bytes), independent of N for large N,
 which is why the ring's step time stays flat while a single parameter server's grows with N.
 Cost per step (no overlap, b buckets): 2(N-1)(b a + K/(N B)).
@@ -78,11 +78,14 @@ class RingAllreduce(Strategy):
         cfg, n = self.config, self.config.workers
         self.bucket_s: list[list[float]] = []
         self.overlap_saved: list[float] = []
+        if recorder.wants_eval(0):
+            recorder.evaluate(0, remote.get(self.peers[0].get_params.remote(), cfg.cluster.timeout_s, "parameters"))
         for step in range(cfg.steps):
             attempt = 0
+            send = recorder.wants_eval(step + 1)  # rank 0's parameters come back with its report
             while True:
                 t_issue = time.time()
-                refs = [p.train_step.remote(step, attempt) for p in self.peers]
+                refs = [p.train_step.remote(step, attempt, send and r == 0) for r, p in enumerate(self.peers)]
                 try:
                     infos = remote.get(refs, cfg.cluster.timeout_s, f"{self.name} step {step}")
                     break
@@ -107,6 +110,8 @@ class RingAllreduce(Strategy):
             recorder.update(UpdateRecord(version=step + 1, t_applied=t_done, contributors=n if applied else 0,
                                          dropped=0 if applied else n,
                                          loss=float(np.mean([i["loss"] for i in infos]))))
+            if send:
+                recorder.evaluate(step + 1, infos[0]["params"])
         recorder.events_from(remote.drain_events(self.peers, cfg.cluster.timeout_s))
 
     def _recover(self, recorder: Recorder, step: int, refs: list[Any], exc: BaseException, t0: float) -> None:
@@ -136,6 +141,8 @@ class RingAllreduce(Strategy):
         remote.get([self.peers[i].reset.remote(step) for i in live], t, "ring reset")
         params = remote.get(self.peers[live[0]].get_params.remote(), t, "survivor parameters")
         remote.broadcast([self.peers[i] for i in dead], params, t, "parameter re-sync")
+        state = remote.get(self.peers[live[0]].optimizer_state.remote(), t, "survivor optimizer state")
+        remote.get([self.peers[i].set_optimizer_state.remote(state) for i in dead], t, "optimizer re-sync")
         wire_ring(self.peers, t)
         if self.config.ring.algorithm == "hierarchical":
             remote.get([self.peers[i].set_groups.remote(self.groups) for i in dead], t, "node groups")

@@ -45,6 +45,19 @@ EVENT_COLUMNS = {
     "t0": ("s (epoch)", "start of the span"),
     "t1": ("s (epoch)", "end of the span"),
 }
+EVAL_COLUMNS = {
+    "version": ("", "the parameter version evaluated (0: the initial parameters)"),
+    "train_s": ("s", "when that version was applied, from the first worker iteration's start (0 for version 0)"),
+    "samples_seen": ("samples", "training samples in the gradients applied up to that version "
+                                "(batch size x contributors)"),
+    "eval_loss": ("", "mean held-out cross-entropy (nats per sample; per token for the transformer); "
+                      "synthetic: the noise-free objective 1/2 mean (w - w*)^2"),
+    "eval_acc": ("fraction", "held-out top-1 accuracy (per token for the transformer); null for synthetic"),
+    "eval_ms": ("ms", "how long the evaluation took, in its own process at the lowest CPU priority "
+                      "(real milliseconds, never a step's time)"),
+    "t_applied": ("s (epoch)", "when the version was applied (the first iteration's start for version 0)"),
+    "t_done": ("s (epoch)", "when its evaluation finished (it may lag behind training)"),
+}
 
 # summary.json keys of every run -> (unit, meaning)
 SUMMARY = {
@@ -127,6 +140,22 @@ SUMMARY = {
                    "`actor`, `iteration`, `t0`, `time_lost_s`, and kind-specific detail"),
     "rolled_back_updates": ("", "updates undone by a parameter-server rollback (kept aside, not in "
                                 "updates.parquet)"),
+    "eval_every": ("updates", "`--eval-every`: versions 0, K, 2K, ... and the last are evaluated (0: none)"),
+    "evaluations": ("count", "rows of evals.parquet"),
+    "eval_loss_last": ("", "held-out loss of the last version evaluated (evals.parquet); null without evaluations"),
+    "eval_acc_last": ("fraction", "its held-out accuracy; null where the workload has none"),
+    "eval_loss_best": ("", "lowest held-out loss of any version evaluated"),
+    "eval_loss_optimum": ("", "the best held-out loss the data allow, where it is known exactly: the "
+                              "transformer's generated language (its entropy, testbed/workloads/language.py), "
+                              "0 for synthetic; null otherwise"),
+    "target_loss": ("", "`--target-loss`, or null"),
+    "target_acc": ("fraction", "`--target-acc`, or null"),
+    "time_to_target_s": ("s", "`train_s` of the first version evaluated whose loss is <= --target-loss "
+                              "(and accuracy >= --target-acc); null when not reached (an upper bound by "
+                              "at most one evaluation interval)"),
+    "updates_to_target": ("updates", "that version; null when not reached"),
+    "samples_to_target": ("samples", "its `samples_seen`; null when not reached"),
+    "eval_error": ("", "why evaluations are missing or stopped (one line), null when they all ran"),
 }
 
 
@@ -156,6 +185,7 @@ def sections(specs: Mapping[str, Any]) -> dict[str, str]:
     return {"steps": table(STEP_COLUMNS, ("column", "unit", "meaning")),
             "updates": table(UPDATE_COLUMNS, ("column", "unit", "meaning")),
             "events": table(EVENT_COLUMNS, ("column", "unit", "meaning")),
+            "evals": table(EVAL_COLUMNS, ("column", "unit", "meaning")),
             "summary": table(SUMMARY),
             "strategy-summary": strategy_table(specs)}
 

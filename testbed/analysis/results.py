@@ -6,6 +6,8 @@
       steps.parquet    one row per worker iteration         (records.StepRecord)
       updates.parquet  one row per model update             (records.UpdateRecord)
       events.parquet   timeline spans                       (records.Event)
+      evals.parquet    held-out evaluations of the authoritative model, one row per version
+                       evaluated, on the run's clock (records.EvalRecord, analysis.evals)
       summary.json     derived statistics + status (completed / interrupted / failed)
       params.npz       final parameters, flat float arrays keyed by parameter name
       timeline.json    optional Chrome trace (opens in Perfetto)
@@ -36,7 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from testbed.records import EVENT_COLUMNS, STEP_COLUMNS, UPDATE_COLUMNS, Recorder
+from testbed.records import EVAL_COLUMNS, EVENT_COLUMNS, STEP_COLUMNS, UPDATE_COLUMNS, Recorder
 
 SCHEMA_VERSION = 1
 TABLES = {"steps": STEP_COLUMNS, "updates": UPDATE_COLUMNS, "events": EVENT_COLUMNS}
@@ -98,9 +100,10 @@ def _arrow_schema(columns: tuple[str, ...]):
     """Column types of a record table; integers stay integers, None is null (never a sentinel)."""
     import pyarrow as pa
 
-    from testbed.records import Event, StepRecord, UpdateRecord
+    from testbed.records import EvalRecord, Event, StepRecord, UpdateRecord
 
-    hints = {**StepRecord.__annotations__, **UpdateRecord.__annotations__, **Event.__annotations__}
+    hints = {**StepRecord.__annotations__, **UpdateRecord.__annotations__, **Event.__annotations__,
+             **EvalRecord.__annotations__}
     kinds = {"int": pa.int64(), "float": pa.float64(), "str": pa.string()}
     return pa.schema([(c, kinds[str(hints[c]).split("|")[0].strip()]) for c in columns])
 
@@ -164,8 +167,8 @@ class RecordLog:
 def read_log(path: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
     """records.jsonl -> {"steps", "updates", "events", "faults"}; a torn last line is skipped and
     rolled-back updates are left out, as the finished run's tables leave them out."""
-    out: dict[str, list[dict[str, Any]]] = {"steps": [], "updates": [], "events": [], "faults": []}
-    plural = {"step": "steps", "update": "updates", "event": "events", "fault": "faults"}
+    out: dict[str, list[dict[str, Any]]] = {"steps": [], "updates": [], "events": [], "faults": [], "evals": []}
+    plural = {"step": "steps", "update": "updates", "event": "events", "fault": "faults", "eval": "evals"}
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             try:
@@ -175,6 +178,7 @@ def read_log(path: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
             kind = row.pop("kind", None)
             if kind == "rollback":
                 out["updates"] = [u for u in out["updates"] if u["version"] <= row["version"]]
+                out["evals"] = [e for e in out["evals"] if e["version"] <= row["version"]]
             elif kind in plural:
                 out[plural[kind]].append(row)
     return out
@@ -271,6 +275,19 @@ class RunFolder:
         write_table(self.path / "updates.parquet", list(recorder.updates), UPDATE_COLUMNS)
         write_table(self.path / "events.parquet", list(recorder.events), EVENT_COLUMNS)
 
+    def write_evals(self, points: pd.DataFrame) -> None:
+        """evals.parquet: one row per evaluated version, placed on the run's clock (analysis.evals)."""
+        meta = {b"testbed_schema_version": str(SCHEMA_VERSION).encode()}
+
+        def w(tmp: Path) -> None:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            table = pa.Table.from_pandas(points, preserve_index=False)
+            pq.write_table(table.replace_schema_metadata(meta), tmp)
+
+        _atomic_write(self.path / "evals.parquet", w)
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json(self.path / "summary.json", {"schema_version": SCHEMA_VERSION, **summary})
 
@@ -311,11 +328,23 @@ def load_run(path: str | os.PathLike) -> dict[str, Any]:
     }
     for name in TABLES:
         out[name] = run_table(p, name)
+    out["evals"] = _evals(p, out)
     out["status"] = out["summary"]["status"] if out["summary"] else "crashed"
     if (p / "params.npz").exists():
         with np.load(p / "params.npz", allow_pickle=False) as npz:
             out["params"] = {k: npz[k] for k in npz.files}
     return out
+
+
+def _evals(p: Path, run: dict[str, Any]) -> pd.DataFrame:
+    """evals.parquet, or, for a run that never ended, its raw evaluations placed on its clock."""
+    from testbed.analysis.evals import eval_points
+
+    if (p / "evals.parquet").exists():
+        return pd.read_parquet(p / "evals.parquet")
+    raw = read_log(p / RecordLog.NAME)["evals"] if (p / RecordLog.NAME).exists() else []
+    batch = run["config"].get("config", {}).get("workload", {}).get("batch_size", 1)
+    return eval_points(table_frame(raw, EVAL_COLUMNS), run["updates"], run["steps"], int(batch))
 
 
 def chrome_trace(events: list[dict[str, Any]], t0: float) -> dict[str, Any]:

@@ -1,6 +1,9 @@
 """What the user asked for: one validated configuration per run, and nothing else.
 
     schema.py       RunConfig and its sections; each field's flag, help, check and parser
+    workload.py     the workload and evaluation sections; which workload reads which key
+    fields.py       what a field is (`opt`) and the one error (`ConfigError`)
+    datafiles.py    the --data formats (CIFAR-10 binary, MNIST IDX, UTF-8 text): probe and read
     flags.py        the command line, generated from the fields
     validate.py     every rule (generic ones, and what each strategy's spec declares)
     checks.py       the field checks
@@ -21,6 +24,7 @@ from testbed.config.schema import (
     SECTIONS,
     ClusterConfig,
     ConfigError,
+    EvalConfig,
     FaultConfig,
     Faults,
     GossipConfig,
@@ -41,7 +45,7 @@ from testbed.config.schema import (
 from testbed.config.validate import fail, validate
 
 __all__ = ["DEVICES", "MAX_WORKERS", "PLACEMENTS", "SECTIONS", "WORKLOADS", "ClusterConfig",
-           "CompressionSpec", "ConfigError", "FaultConfig", "Faults", "GossipConfig", "NetworkConfig", "PSConfig",
+           "CompressionSpec", "ConfigError", "EvalConfig", "FaultConfig", "Faults", "GossipConfig", "NetworkConfig", "PSConfig",
            "Payload", "RingConfig", "RunConfig", "Stragglers", "WorkloadConfig", "build_parser",
            "default_of", "fail", "flag_of", "from_dict", "get", "leaves", "parse_config", "validate",
            "with_overrides"]

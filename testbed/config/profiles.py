@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-WORKLOADS = ("mlp", "logreg", "synthetic")
+WORKLOADS = ("mlp", "logreg", "resnet", "transformer", "synthetic")
 PROFILE = "profile:"  # --workload profile:NAME: the synthetic workload shaped as a real model
 
 

@@ -8,12 +8,12 @@ classes, and a spec string is parsed once, when the dataclass is built. A bad sp
 raises `ConfigError`, whose text is the one line the user sees.
 
 Which fields apply to which strategy is not said here: each strategy says which keys it reads
-(`testbed.strategy.StrategySpec.keys`) and `validate.py` rejects the others.
+(`testbed.strategy.StrategySpec.keys`) and `validate.py` rejects the others. The workload and
+evaluation sections live in `workload.py`, with the table of which workload reads which key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any
 
@@ -21,9 +21,11 @@ from testbed import units
 from testbed.config.checks import choice, integer, real
 from testbed.config.compression import CompressionSpec, parse_compression
 from testbed.config.faults import Faults, parse_faults_spec
-from testbed.config.payload import Payload, parse_payload
-from testbed.config.profiles import PROFILE, workload_check
+from testbed.config.fields import ConfigError, opt
+from testbed.config.fields import parse_fields as _parse_fields
+from testbed.config.payload import Payload
 from testbed.config.stragglers import Stragglers, parse_stragglers_spec
+from testbed.config.workload import EvalConfig, WorkloadConfig
 
 MAX_WORKERS = 4096  # far past what one Ray cluster here can place; resources are checked later
 DEVICES = ("auto", "cpu", "cuda")
@@ -31,82 +33,7 @@ PLACEMENTS = ("pack", "spread")
 PS_PLACEMENTS = ("dedicated", "colocated")
 
 
-class ConfigError(ValueError):
-    """A user input is wrong; the message is one line naming the value and the fix."""
-
-    def __init__(self, message: str) -> None:
-        # user text can carry line breaks; the message stays one line whatever they typed
-        super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"))
-
-
-def opt(default: Any = MISSING, *, help: str, flag: str | None = None, check: Callable | None = None,
-        parse: Callable[[str], Any] | None = None, action: str | None = None,
-        factory: Callable[[], Any] | None = None, group: str | None = None,
-        metavar: str | None = None) -> Any:
-    """A config field: default, flag (default: --name-with-dashes), help, check, parser."""
-    meta = {"help": help, "flag": flag, "check": check, "parse": parse, "action": action,
-            "group": group, "metavar": metavar}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def _parse_fields(obj: Any) -> None:
-    """Turn spec strings into their typed values, once, when the dataclass is built."""
-    for f in fields(obj):
-        parse = f.metadata.get("parse")
-        value = getattr(obj, f.name)
-        if parse is not None and isinstance(value, str):
-            try:
-                object.__setattr__(obj, f.name, parse(value))
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-
-
 # ---------------------------------------------------------------- the configuration
-
-
-@dataclass(frozen=True)
-class WorkloadConfig:
-    """workload"""
-
-    name: str = opt("mlp", flag="--workload", check=workload_check,
-                    help="mlp, logreg (torch, synthetic classification data), synthetic (no model), or "
-                         "profile:NAME (synthetic, as resnet50, resnet101, vgg16, bert-base, bert-large, gpt2)")
-    batch_size: int = opt(32, check=integer(1, 1_000_000, "use a positive integer (per worker)"),
-                          help="samples per worker per iteration")
-    lr: float = opt(0.1, check=real(0, high=None, low_ok=False, fix="use a finite learning rate > 0, e.g. 0.1"),
-                    help="SGD learning rate")
-    grad_mb: float = opt(4.0, check=real(0, 65536, low_ok=False,
-                                         fix="use a size in MiB > 0 and at most 65536 (64 GiB), e.g. 4"),
-                         help="synthetic: logical gradient size (MiB)")
-    compute_ms: float = opt(10.0, check=real(0, None, fix="use milliseconds >= 0"),
-                            help="synthetic: compute time per iteration (ms)")
-    backward_frac: float = opt(2 / 3, check=real(0, 1, fix="use a fraction in [0, 1]"),
-                               help="synthetic: share of the compute time that is backward")
-    payload: Payload = opt(factory=Payload, parse=parse_payload, metavar="full|scaled:F",
-                           help="synthetic: physical arrays are F x the logical size")
-    samples: int = opt(8192, check=integer(1, 10**9, "use a positive number of samples"),
-                       help="torch workloads: size of the generated data set")
-    features: int = opt(32, check=integer(1, 10**6, "use a positive integer"),
-                        help="torch workloads: input features")
-    classes: int = opt(4, check=integer(2, 10**6, "use an integer >= 2"),
-                       help="torch workloads: classes")
-    hidden: int = opt(64, check=integer(1, 10**6, "use a positive integer"),
-                      help="mlp: hidden units")
-
-    def __post_init__(self) -> None:
-        _parse_fields(self)
-
-    @property
-    def profile(self) -> str | None:  # the real model a synthetic gradient is shaped as (profile:NAME)
-        return self.name[len(PROFILE):] if self.name.startswith(PROFILE) else None
-
-    @property
-    def real_compute(self) -> bool:
-        """A torch model computes for real (imports torch, cannot be dilated, its compute is measured);
-        a synthetic workload, plain or a profile, sleeps a set compute time."""
-        return self.name != "synthetic" and self.profile is None
 
 
 @dataclass(frozen=True)
@@ -240,6 +167,7 @@ class RunConfig:
     gossip: GossipConfig = field(default_factory=GossipConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         _parse_fields(self)
@@ -341,6 +269,6 @@ def with_overrides(cfg: RunConfig, **changes: Any) -> RunConfig:
     return replace(cfg, **flat)
 
 
-__all__ = ["ClusterConfig", "ConfigError", "FaultConfig", "Faults", "GossipConfig", "NetworkConfig",
+__all__ = ["ClusterConfig", "ConfigError", "EvalConfig", "FaultConfig", "Faults", "GossipConfig", "NetworkConfig",
            "PSConfig", "Payload", "RingConfig", "RunConfig", "Stragglers", "WorkloadConfig",
            "default_of", "flag_of", "from_dict", "get", "group_of", "leaves", "shown", "with_overrides"]

@@ -15,6 +15,7 @@ from typing import Any
 
 from testbed import units
 from testbed.config.calibration import load_calibration
+from testbed.config.datafiles import probe
 from testbed.config.faults import check_faults
 from testbed.config.schema import (
     ConfigError,
@@ -25,6 +26,7 @@ from testbed.config.schema import (
     leaves,
     shown,
 )
+from testbed.config.workload import APPLIES, FROM_DATA
 
 
 def fail(key_or_flag: str, value: Any, fix: str) -> None:
@@ -71,12 +73,47 @@ def validate(cfg: RunConfig, specs: Mapping[str, Any]) -> RunConfig:
     return cfg
 
 
+def _given(key: str, cfg: RunConfig) -> bool:
+    return get(cfg, key) != default_of(key)
+
+
 def _validate_workload(cfg: RunConfig) -> None:
-    if cfg.workload.payload.scale != 1.0 and cfg.workload.real_compute:
-        fail("workload.payload", cfg.workload.payload, "only the synthetic workload has a scalable payload")
-    if cfg.workload.profile is not None and cfg.workload.grad_mb != default_of("workload.grad_mb"):
-        fail("workload.grad_mb", cfg.workload.grad_mb, f"--workload {cfg.workload.name} has the model's own "
+    w = cfg.workload
+    if w.payload.scale != 1.0 and w.real_compute:
+        fail("workload.payload", w.payload, "only the synthetic workload has a scalable payload")
+    if w.profile is not None and _given("workload.grad_mb", cfg):
+        fail("workload.grad_mb", w.grad_mb, f"--workload {w.name} has the model's own "
              "gradient size; drop --grad-mb (or use --workload synthetic)")
+    for key, readers in APPLIES.items():
+        if w.name not in readers and _given(f"workload.{key}", cfg):
+            fail(f"workload.{key}", get(cfg, f"workload.{key}"),
+                 f"applies to --workload {'/'.join(readers)} only (got {w.name}); drop it")
+    if w.optimizer != "momentum" and _given("workload.momentum", cfg):
+        fail("workload.momentum", w.momentum, f"applies to --optimizer momentum only (got {w.optimizer}); drop it")
+    if w.name == "transformer" and w.d_model % w.heads:
+        fail("workload.heads", w.heads, f"must divide --d-model {w.d_model}; use e.g. "
+             f"{max(h for h in range(1, w.heads + 1) if w.d_model % h == 0)}")
+    if w.data is not None:
+        _validate_data(cfg)
+    if cfg.eval.target_acc is not None and not w.real_compute:
+        fail("eval.target_acc", cfg.eval.target_acc, f"--workload {w.name} has no accuracy (it is a "
+             "quadratic objective); use --target-loss")
+
+
+def _validate_data(cfg: RunConfig) -> None:
+    """--data: a readable file of a format its workload trains on, before anything starts."""
+    w = cfg.workload
+    try:
+        info = probe(w.data, w.seq_len)
+    except ValueError as exc:
+        fail("workload.data", w.data, str(exc))
+    wanted = "text" if w.name == "transformer" else "images"
+    if info.images != (wanted == "images"):
+        readers = "transformer" if not info.images else "resnet, mlp or logreg"
+        fail("workload.data", w.data, f"{info.kind} data trains --workload {readers} (got {w.name})")
+    for key in FROM_DATA:
+        if _given(f"workload.{key}", cfg):
+            fail(f"workload.{key}", get(cfg, f"workload.{key}"), f"--data {w.data} fixes it ({info.kind}); drop it")
 
 
 def _validate_network(cfg: RunConfig) -> None:

@@ -7,7 +7,7 @@ oracle, loaded with a snapshot of `x` before each gradient. Everything that touc
 
 Synchronous step t (`sync_step`), D-PSGD in adapt-then-combine form (Lian et al. 2017)::
 
-    x_i <- x_i - lr g_i(x_i)                           local SGD step
+    x_i <- x_i - lr g_i(x_i)                           local SGD step (or momentum/adam)
     send x_i to every neighbour j (tag t)              d messages of K bytes
     x_i <- sum_j W_ij x_j   (j in N(i) and i)          wait for the d step-t models, mix
 
@@ -27,7 +27,8 @@ average) is unchanged by averaging even when exchanges overlap. Staleness of a g
 averagings applied to x_i between its snapshot and its application. Bytes: an exchange is
 booked on the worker that starts it, K sent and K received (its partner's NIC mirrors them).
 
-`--compression fp16` sends models as float16 (the sender mixes its own copy unrounded).
+The optimizer (testbed.optim) is each replica's own, with its own state; averaging mixes the
+parameters only. `--compression fp16` sends models as float16 (the sender mixes its own copy unrounded).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np
 
 from testbed.emulation.network import sleep_until
 from testbed.gossip.topology import mix, mixing_row, neighbours, pairwise_partner
+from testbed.optim import Optimizer, optimizer_for
 from testbed.runtime import remote
 from testbed.runtime.transport import Mailbox, ObjectStoreTransport, Wire
 from testbed.runtime.worker import WorkerBase
@@ -58,6 +60,7 @@ class GossipPeer(WorkerBase):
         self.lock = threading.Lock()
         self.x = self.workload.get_params()
         self.version = 0
+        self.optimizer = Optimizer(optimizer_for(config.workload))  # this replica's own state
 
     # ---- wiring and replica access
     def connect(self, peers: list[Any]) -> None:
@@ -93,7 +96,7 @@ class GossipPeer(WorkerBase):
         with self.lock:
             info["version_read"], info["version_applied"] = version_read, self.version
             if not info["skipped"]:
-                self.x -= np.float32(self.config.workload.lr) * np.asarray(grad, np.float32)
+                self.optimizer.step(self.x, np.asarray(grad, np.float32))
                 self.version += 1
         info["t_applied"] = time.time()
         self.span("apply", t0, info["t_applied"])

@@ -81,17 +81,18 @@ class GossipSGD(Strategy):
         replicas = self.replica_parameters()
         self.initial_distance = consensus_distance(replicas)
         self.latest = dict(enumerate(replicas))
-        evaluator = _Evaluator(self.model, recorder)
+        recorder.evaluate(0, np.mean(replicas, axis=0).astype(np.float32))
+        losses = _UpdateLoss(self.model, recorder)
         try:
             if cfg.gossip.asynchronous:
-                self._run_async(recorder, evaluator)
+                self._run_async(recorder, losses)
             else:
-                self._run_sync(recorder, evaluator, np.mean(replicas, axis=0))
+                self._run_sync(recorder, losses, np.mean(replicas, axis=0))
         finally:
-            evaluator.close(cfg.cluster.timeout_s)
+            losses.close(cfg.cluster.timeout_s)
         recorder.events_from(remote.drain_events(self.peers, cfg.cluster.timeout_s))
 
-    def _run_sync(self, recorder: Recorder, evaluator: _Evaluator, xbar: np.ndarray) -> None:
+    def _run_sync(self, recorder: Recorder, losses: _UpdateLoss, xbar: np.ndarray) -> None:
         cfg, n = self.config, self.config.workers
         done: dict[int, dict[int, dict[str, Any]]] = {}  # iteration -> worker -> info
         driver = _Driver(self.peers, "sync_step", cfg.steps, cfg.steps * n, cfg.cluster.timeout_s)
@@ -103,11 +104,12 @@ class GossipSGD(Strategy):
                 replicas = [infos[r]["params"] for r in range(n)]
                 self.distances.append(consensus_distance(replicas))
                 applied = sum(1 for i in infos.values() if not i["skipped"])
-                evaluator.submit(step + 1, xbar, [(r, step) for r in range(n)],
+                losses.submit(step + 1, xbar, [(r, step) for r in range(n)],
                                  max(i["t_end"] for i in infos.values()), applied)
-                xbar = np.mean(replicas, axis=0)
+                xbar = np.mean(replicas, axis=0).astype(np.float32)
+                recorder.evaluate(step + 1, xbar)  # held-out: the average model after the step
 
-    def _run_async(self, recorder: Recorder, evaluator: _Evaluator) -> None:
+    def _run_async(self, recorder: Recorder, losses: _UpdateLoss) -> None:
         cfg, n = self.config, self.config.workers
         driver = _Driver(self.peers, "async_step", None, cfg.steps, cfg.cluster.timeout_s)
         for version, (w, it, info, t_issue) in enumerate(driver, start=1):
@@ -115,8 +117,9 @@ class GossipSGD(Strategy):
             self.latest[w] = info["params"]
             replicas = [self.latest[r] for r in range(n)]
             self.distances.append(consensus_distance(replicas))
-            evaluator.submit(version, np.mean(replicas, axis=0), [(w, it)], info["t_applied"],
-                             0 if info["skipped"] else 1)
+            xbar = np.mean(replicas, axis=0).astype(np.float32)
+            losses.submit(version, xbar, [(w, it)], info["t_applied"], 0 if info["skipped"] else 1)
+            recorder.evaluate(version, xbar)
 
     def _record(self, recorder: Recorder, w: int, it: int, info: dict[str, Any], read: int, applied: int,
                 t_issue: float) -> None:
@@ -187,8 +190,9 @@ class _Driver:
             yield w, it, info, t_issue
 
 
-class _Evaluator:
-    """Evaluate the average model on a driver thread, emitting UpdateRecords in version order."""
+class _UpdateLoss:
+    """The average model's loss on each update's training batch, on a driver thread, emitting UpdateRecords
+    in version order (held-out evaluation is testbed.evaluation's)."""
 
     def __init__(self, model: Any, recorder: Recorder) -> None:
         self.model, self.recorder = model, recorder

@@ -2,12 +2,13 @@
 
     step v:   driver --put(params_v)--> object store            (one object, not N copies)
               worker r: fetch params_v, gradient g_r on its batch (map)
-              driver: g = (1/N) sum_r g_r, params_{v+1} = params_v - lr g   (reduce + apply)
+              driver: g = (1/N) sum_r g_r, params_{v+1} = step(params_v, g)  (reduce + apply)
 
 Every byte goes through the driver: per step it sends K to each of N workers and receives N
 gradients of K bytes, so its NIC moves 2NK and the step costs 2(a + N K / B) at the driver in
 the alpha-beta model — the bottleneck grows linearly with N. Gradients are averaged (not
-summed), so the result equals single-process SGD on the concatenated global batch.
+summed), so the result equals single-process training on the concatenated global batch; the
+optimizer (sgd, momentum, adam: testbed.optim) and its state live in the driver.
 
 Faults: a worker that dies or hangs (--timeout) is restarted by Ray (--max-restarts) and the
 step is redone from the same parameters and batches, so the result equals the no-fault run. A
@@ -31,6 +32,7 @@ from testbed.compression import Compressor
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.faults import NanPolicy
 from testbed.emulation.network import sleep_until
+from testbed.optim import Optimizer, mean_gradient, optimizer_for
 from testbed.records import Recorder, UpdateRecord
 from testbed.runtime import remote
 from testbed.runtime.worker import WorkerBase
@@ -47,6 +49,7 @@ class MapReduce(Strategy):
                                     max_restarts=cfg.faults.max_restarts, concurrency=2)
         self.model = make_workload(cfg.workload, seed=cfg.seed, workers=cfg.workers)
         self.params = self.model.get_params()
+        self.optimizer = Optimizer(optimizer_for(cfg.workload))
         self.endpoint = Endpoint(cfg.network, "driver")
         spec = cfg.compression
         self.decompressor = Compressor(spec, self.params.size) if spec.kind != "none" else None
@@ -56,6 +59,8 @@ class MapReduce(Strategy):
     def run(self, recorder: Recorder) -> None:
         cfg = self.config
         self.k = self.model.logical_bytes
+        if recorder.wants_eval(0):
+            recorder.evaluate(0, self.params.copy())
         for step in range(cfg.steps):
             while True:
                 t_issue = time.time()
@@ -67,6 +72,8 @@ class MapReduce(Strategy):
                         recorder.fault("worker-restart", f"worker{r}", step, t_issue, time.time(),
                                        cause=type(exc).__name__)
             self._reduce(recorder, step, t_issue, results, arrivals)
+            if recorder.wants_eval(step + 1):
+                recorder.evaluate(step + 1, self.params.copy())
         recorder.events_from(remote.drain_events(self.workers, cfg.cluster.timeout_s))
 
     def _map(self, step: int) -> tuple[list[Any], dict[int, float]]:
@@ -98,14 +105,12 @@ class MapReduce(Strategy):
     def _reduce(self, recorder: Recorder, step: int, t_issue: float, results: list[Any],
                 arrivals: dict[int, float]) -> None:
         """Average the finite gradients, apply, record (a NaN gradient is never applied)."""
-        cfg = self.config
         t_reduce = time.time()
         finite = [self.nan.admit(g, f"mapreduce step {step}: worker {r}'s gradient")
                   for r, (g, _) in enumerate(results)]
         used = [g for (g, _), ok in zip(results, finite, strict=True) if ok]
         if used:
-            grad = np.mean(np.stack(used), axis=0, dtype=np.float32)
-            self.params = self.params - np.float32(cfg.workload.lr) * grad
+            self.optimizer.step(self.params, mean_gradient(used))
         t_applied = time.time()
         recorder.event("driver", "reduce", t_reduce, t_applied)
         last = max(arrivals.values())

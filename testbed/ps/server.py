@@ -1,4 +1,4 @@
-"""The parameter server: per partition, authoritative parameters, a version counter and the SGD step.
+"""The parameter server: per partition, authoritative parameters, a version counter and the optimizer.
 
     worker r                          server s (holds partitions p with p mod S = s)
       |   compute gradient g_r on the params it holds
@@ -10,6 +10,11 @@
       |-- pull(p, min_version) ------------------>|  (first iteration, after a rollback, under SSP)
       |<-------------------- (params_p, version) -|  blocks until version >= min_version
 
+A synchronous version averages its gradients in worker order, whatever order they arrived in
+(`testbed.optim.mean_gradient`, the MapReduce driver's too), so a run is reproducible to the
+bit. The update is the run's optimizer (`testbed.optim`: sgd, momentum or adam), whose state for the
+partition lives here beside its parameters (and in its checkpoints): every rule is elementwise,
+so partitions stepped apart equal the whole vector stepped at once.
 Staleness of an applied gradient = the partition's version at apply - the version the gradient
 was computed from: >= 0 always, 0 for synchronous training and for one async worker.
 A push is applied at most once: (worker, iteration) pairs already seen are acknowledged as
@@ -37,19 +42,23 @@ from testbed.config.faults import Fault
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.faults import FaultPlan, NanPolicy
 from testbed.emulation.network import sleep_until
+from testbed.optim import Optimizer, OptimizerSpec, mean_gradient, to_numpy_state
 from testbed.runtime.worker import restarted
 
 
 class ShardState:
-    def __init__(self, params: np.ndarray, *, lr: float, sync: bool, workers: int,
-                 backup: int = 0, max_updates: int | None = None, on_nan: str = "skip") -> None:
+    def __init__(self, params: np.ndarray, *, optimizer: OptimizerSpec, sync: bool, workers: int,
+                 backup: int = 0, max_updates: int | None = None, on_nan: str = "skip",
+                 snapshot_every: int = 0) -> None:
         self.params = np.array(params, dtype=np.float32, copy=True)
-        self.lr = np.float32(lr)
+        self.opt = Optimizer(optimizer)
+        self.snapshot_every = snapshot_every  # keep the parameters of every k-th version (evaluation)
+        self.snapshots: dict[int, np.ndarray] = {}
         self.sync, self.workers = sync, workers
         self.quorum = workers - backup
         self.max_updates = max_updates
         self.version = 0
-        self.pending: list[tuple[np.ndarray, float]] = []  # sync: gradients for self.version
+        self.pending: list[tuple[int, np.ndarray | None, float]] = []  # sync: (worker, gradient, loss) for self.version
         self.arrived: list[tuple[float, int]] = []  # sync: (delivery time, worker) of those gradients
         self.seen: set[tuple[int, int]] = set()
         self.updates: list[dict[str, Any]] = []  # one per applied version (append-only log)
@@ -103,7 +112,7 @@ class ShardState:
                 return self._push_sync(grad, version_read, loss, (delivered, worker))
             t0 = time.perf_counter()
             at = self.version
-            self.params -= self.lr * grad
+            self.opt.step(self.params, grad)
             self._applied(contributors=1, dropped=0, loss=loss, t0=t0)
             return {"status": "applied", "version_applied": at, "staleness": at - version_read,
                     "update": self.updates[-1]}
@@ -112,7 +121,7 @@ class ShardState:
                    arrival: tuple[float, int]) -> dict[str, Any]:
         if version_read != self.version:  # a backup worker's late gradient for a past version
             return {"status": "dropped", "version_applied": None, "staleness": None}
-        self.pending.append((None if grad is None else np.asarray(grad, dtype=np.float32), loss))
+        self.pending.append((arrival[1], None if grad is None else np.asarray(grad, dtype=np.float32), loss))
         self.arrived.append(arrival)
         at = self.version
         status = "applied" if grad is not None else "nan"
@@ -120,12 +129,9 @@ class ShardState:
                "staleness": 0 if grad is not None else None}
         if len(self.pending) >= self.quorum:
             t0 = time.perf_counter()
-            used = [(g, x) for g, x in self.pending if g is not None]
+            used = [(g, x) for _, g, x in sorted(self.pending, key=lambda p: p[0]) if g is not None]
             if used:  # all non-finite: the version passes with the parameters unchanged
-                total = np.zeros_like(self.params)
-                for g, _ in used:
-                    total += g
-                self.params -= self.lr * (total / np.float32(len(used)))
+                self.opt.step(self.params, mean_gradient([g for g, _ in used]))
             self.pending = []
             ack["contributors"] = [w for _, w in sorted(self.arrived)]
             self.arrived = []
@@ -136,10 +142,20 @@ class ShardState:
 
     def _applied(self, *, contributors: int, dropped: int, loss: float, t0: float) -> None:
         self.version += 1
+        if self.snapshot_every and (self.version % self.snapshot_every == 0 or self.finished):
+            self.snapshots[self.version] = self.params.copy()
         self.busy_s += time.perf_counter() - t0
         self.updates.append({"version": self.version, "t_applied": time.time(),
                              "contributors": contributors, "dropped": dropped, "loss": loss})
         self.cv.notify_all()
+
+    def snapshot(self, version: int, timeout: float) -> np.ndarray:
+        """The parameters right after `version` was applied (kept for evaluation), once it is;
+        version 0 is the initial parameters (`ShardActor.set_params`). Taken once: then dropped."""
+        with self.cv:
+            if not self.cv.wait_for(lambda: version in self.snapshots, timeout):
+                raise TimeoutError(f"parameter server: version {version} was not applied within {timeout:g}s")
+            return self.snapshots.pop(version)
 
     def updates_since(self, version: int) -> list[dict[str, Any]]:
         """Update records after `version` (the driver fills gaps left by a lost ack)."""
@@ -151,16 +167,20 @@ class ShardState:
         with self.cv:
             seen = np.array(sorted(self.seen), dtype=np.int64).reshape(-1, 2)
             params, version = self.params.copy(), self.version
+            state = to_numpy_state(self.opt.state_dict())
         tmp = path.with_name(f".{path.name}.tmp")
         with open(tmp, "wb") as fh:
-            np.savez(fh, params=params, version=np.int64(version), seen=seen)
+            np.savez(fh, params=params, version=np.int64(version), seen=seen,
+                     **{f"opt_{k}": np.asarray(v) for k, v in state.items()})
         os.replace(tmp, path)
 
     def load(self, path: Path, epoch: int | None = None) -> None:
         """Restore a checkpoint; a new epoch (all shards get the driver's) voids work in flight."""
         with np.load(path, allow_pickle=False) as ck, self.cv:
             self.params = ck["params"].astype(np.float32)
+            self.opt.load_state_dict({k[4:]: ck[k] for k in ck.files if k.startswith("opt_")})
             self.version = int(ck["version"])
+            self.snapshots = {v: p for v, p in self.snapshots.items() if v <= self.version}
             self.seen = {(int(w), int(i)) for w, i in ck["seen"]}
             self.updates = [u for u in self.updates if u["version"] <= self.version]
             self.pending, self.arrived = [], []
@@ -350,11 +370,18 @@ class ShardActor:
     def set_params(self, params: dict[int, np.ndarray]) -> None:
         """The initial parameters of this server's partitions (before any worker connects)."""
         for p, values in params.items():
-            with self.parts[p].cv:
-                np.copyto(self.parts[p].params, values)
+            st = self.parts[p]
+            with st.cv:
+                np.copyto(st.params, values)
+                if st.snapshot_every:
+                    st.snapshots[0] = st.params.copy()
 
     def updates_since(self, version: int, part: int) -> list[dict[str, Any]]:
         return self.parts[part].updates_since(version)
+
+    def snapshot(self, version: int, timeout: float) -> dict[int, np.ndarray]:
+        """Every partition's parameters right after its `version` (see ShardState.snapshot)."""
+        return {p: st.snapshot(version, timeout) for p, st in self.parts.items()}
 
     def ping(self) -> int:
         return os.getpid()

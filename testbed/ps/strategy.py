@@ -24,6 +24,7 @@ import numpy as np
 import ray
 
 from testbed.emulation.faults import NonFiniteGradient, ServerLost
+from testbed.optim import optimizer_for
 from testbed.ps.partition import partition
 from testbed.ps.schedule import Schedule
 from testbed.ps.server import ShardActor
@@ -50,6 +51,7 @@ class ParameterServer(Strategy):
         factor = self.grad_bytes / (params.size * 4)
         self.sync = self.spec.sync
         self.parts = partition(params.size, self.grad_bytes, cfg.ps.partition_mb, s)
+        self.eval_every = cfg.eval.interval(cfg.steps)  # servers keep those versions for evaluation
         self.colocated = self.spec.colocated_servers(cfg)
         # a colocated server shares its worker's NIC: a small file on their machine (emulation)
         self.nics = ([nic_file(self.run_id, i) if cfg.network.emulated else None for i in range(s)]
@@ -67,7 +69,7 @@ class ParameterServer(Strategy):
                 cfg.network, i, factor, checkpoint_dir=ckpt,
                 checkpoint_every=cfg.faults.checkpoint_every, faults=cfg.faults.fail.items,
                 compression=cfg.compression, nic=self.nics[i], local_worker=i if self.colocated else None,
-                lr=cfg.workload.lr, sync=self.sync, workers=n, backup=cfg.ps.backup_workers,
+                optimizer=optimizer_for(cfg.workload), snapshot_every=self.eval_every, sync=self.sync, workers=n, backup=cfg.ps.backup_workers,
                 max_updates=cfg.steps, on_nan=cfg.faults.on_nan)
             for i in range(s)
         ]
@@ -94,6 +96,7 @@ class ParameterServer(Strategy):
         self.t_run = time.time()
         self._pending_updates: dict[int, dict[str, Any]] = {}
         self._next_version = 1
+        recorder.evaluate(0, self._snapshot(0))
         while True:
             if self._next_version - 1 + len(self._pending_updates) < cfg.steps:
                 busy = {v[0] for v in self.inflight.values()} | set(self.reviving.values())
@@ -222,7 +225,17 @@ class ParameterServer(Strategy):
     def _emit_updates(self, recorder: Recorder) -> None:
         while self._next_version in self._pending_updates:
             recorder.update(UpdateRecord(**self._pending_updates.pop(self._next_version)))
+            recorder.evaluate(self._next_version, self._snapshot(self._next_version))
             self._next_version += 1
+
+    def _snapshot(self, version: int) -> Any:
+        """A fetch of the parameters the servers kept right after `version` (evaluation): it runs
+        on the evaluator's thread, so the driver never waits for it."""
+        def fetch() -> np.ndarray:
+            t = self.config.cluster.timeout_s
+            held = remote.get([s.snapshot.remote(version, t) for s in self.shards], t, f"version {version}")
+            return np.concatenate([held[self.parts.server_of[p]][p] for p in range(self.parts.count)])
+        return fetch
 
     def summary_extra(self) -> dict[str, Any]:
         t = self.config.cluster.timeout_s

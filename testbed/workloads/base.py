@@ -55,11 +55,19 @@ class Workload(ABC):
             on_ready(b, self.bucket_view(grad, idx))
         return grad, loss, samples
 
-    def apply_update(self, grad: np.ndarray, lr: float) -> None:
-        """Plain SGD on the local replica: params <- params - lr * grad."""
+    #: the best held-out loss achievable, where the data make it known (else None)
+    optimum: float | None = None
+
+    def apply_update(self, grad: Any, optimizer: Any) -> None:
+        """One step of `optimizer` (testbed.optim) on the local replica, from the averaged gradient."""
         params = self.get_params()
-        params -= np.float32(lr) * grad
+        optimizer.step(params, np.asarray(grad, dtype=np.float32))
         self.set_params(params)
+
+    @abstractmethod
+    def evaluate(self, flat: np.ndarray, samples: int) -> dict[str, float | None]:
+        """{"loss", "acc"} of the parameters `flat` on `samples` of the held-out split (acc None
+        where the task has none)."""
 
     def logical_sizes(self) -> list[int]:
         """Each tensor's logical float32 elements (what buckets are formed from): the physical

@@ -1,8 +1,9 @@
 """Deterministic synthetic classification data and per-worker shards (numpy only).
 
 Data: C Gaussian blobs in D dimensions with seeded means, so the Bayes-optimal classifier is
-linear and the loss has a known floor. Worker r owns the disjoint shard perm[r::N] of a seeded
-permutation; its iteration i batch is a slice of an epoch-seeded shuffle of that shard.
+linear and the loss has a known floor; the held-out split is drawn from the same blobs with a
+seed of its own. Worker r owns the disjoint shard perm[r::N] of a seeded permutation of the
+training samples; its iteration i batch is a slice of an epoch-seeded shuffle of that shard.
 """
 
 from __future__ import annotations
@@ -10,12 +11,31 @@ from __future__ import annotations
 import numpy as np
 
 
-def make_dataset(seed: int, samples: int, features: int, classes: int) -> tuple[np.ndarray, np.ndarray]:
+def make_dataset(seed: int, samples: int, features: int, classes: int,
+                 heldout: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of the training split, or of the held-out split (the same blobs, other draws)."""
     rng = np.random.default_rng([seed, 7])
     means = rng.normal(scale=1.5, size=(classes, features))
+    if heldout:
+        rng = np.random.default_rng([seed, 8])
     y = rng.integers(classes, size=samples)
     x = means[y] + rng.normal(size=(samples, features))
     return x.astype(np.float32), y.astype(np.int64)
+
+
+class Blobs:
+    """The Gaussian blobs as a data source: `train(idx)` and `heldout(n)` give (x, y)."""
+
+    def __init__(self, seed: int, samples: int, features: int, classes: int) -> None:
+        self.seed, self.features, self.classes, self.train_size = seed, features, classes, samples
+        self.x, self.y = make_dataset(seed, samples, features, classes)
+        self.shape = (features,)
+
+    def train(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.x[idx], self.y[idx]
+
+    def heldout(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        return make_dataset(self.seed, n, self.features, self.classes, heldout=True)
 
 
 def shard_indices(seed: int, samples: int, workers: int, worker: int) -> np.ndarray:

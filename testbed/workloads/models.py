@@ -1,14 +1,21 @@
-"""Real models trained with autograd: `logreg` (softmax regression) and `mlp` (one hidden layer).
+"""Real models trained with autograd: `logreg`, `mlp`, `resnet` and `transformer` (testbed.workloads.nets).
 
 Parameters live in one flat tensor and every `nn.Parameter` is a view into it; gradients
 accumulate into views of one flat gradient tensor. Moving parameters or gradients to and from
 the transport is therefore one contiguous copy, and backward hooks can hand out finished
 buckets (contiguous slices) while backward goes on.
+
+Data (numpy, made or read per batch): Gaussian blobs for mlp/logreg, prototype images for the
+ResNet (`images.py`), the synthetic Markov language for the transformer (`language.py`), or the
+files of `--data`. Evaluation (`evaluate`) scores a flat parameter vector on the held-out split:
+mean cross-entropy per sample (per token for the language model) and top-1 accuracy; batch-norm
+statistics are recomputed for those parameters first (`nets.calibrate`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,23 +23,50 @@ from torch import nn
 
 from testbed.config import WorkloadConfig
 from testbed.workloads.base import Workload
-from testbed.workloads.data import batch_indices, make_dataset, shard_indices
+from testbed.workloads.data import Blobs, batch_indices, shard_indices
+from testbed.workloads.nets import calibrate, classifier, language_model
+
+CALIBRATION = 256  # training samples whose batch statistics a ResNet is evaluated with
+EVAL_CHUNK = 256  # held-out samples per forward pass
 
 
-def build_model(cfg: WorkloadConfig) -> nn.Module:
-    if cfg.name == "logreg":
-        return nn.Linear(cfg.features, cfg.classes)
-    return nn.Sequential(
-        nn.Linear(cfg.features, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, cfg.classes)
-    )
+def make_source(cfg: WorkloadConfig, seed: int) -> Any:
+    """The data a workload trains on: `train(idx)`, `heldout(n)`, `train_size` (and its shape,
+    classes or vocabulary), all numpy."""
+    if cfg.name == "transformer":
+        from testbed.workloads.language import MarkovLanguage, TextCharacters
+
+        if cfg.data is not None:
+            return TextCharacters(cfg.data, cfg.seq_len)
+        return MarkovLanguage(seed, cfg.vocab, cfg.seq_len, cfg.samples)
+    if cfg.data is not None:
+        from testbed.workloads.images import FileImages
+
+        return FileImages(cfg.data)
+    if cfg.name == "resnet":
+        from testbed.workloads.images import PrototypeImages
+
+        return PrototypeImages(seed, cfg.classes, cfg.samples)
+    return Blobs(seed, cfg.samples, cfg.features, cfg.classes)
+
+
+def build_model(cfg: WorkloadConfig, source: Any) -> nn.Module:
+    if cfg.name == "transformer":
+        return language_model(source.vocab, cfg.d_model, cfg.layers, cfg.heads, cfg.seq_len)
+    return classifier(cfg.name, source.shape, source.classes, hidden=cfg.hidden, width=cfg.width,
+                      depth=cfg.depth, group=cfg.batch_size)
 
 
 class TorchWorkload(Workload):
     def __init__(self, cfg: WorkloadConfig, *, seed: int, workers: int, device: str = "cpu") -> None:
         self.cfg, self.seed, self.workers = cfg, seed, workers
         self.device = torch.device(device)
+        self.source = make_source(cfg, seed)
+        self.optimum = getattr(self.source, "optimum", None)
+        self.language = cfg.name == "transformer"
+        self.flatten = cfg.name in ("mlp", "logreg")  # they see an image as its pixels in a row
         torch.manual_seed(seed)
-        model = build_model(cfg).to(self.device)  # move first: the views below must stay put
+        model = build_model(cfg, self.source).to(self.device)  # move first: the views below must stay put
         self.layout = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
         self.numel = sum(p.numel() for p in model.parameters())
         self.logical_bytes = self.numel * 4
@@ -47,10 +81,8 @@ class TorchWorkload(Workload):
             start += n
         self.model = model
         self.params = list(self.model.parameters())
-        x, y = make_dataset(seed, cfg.samples, cfg.features, cfg.classes)
-        self.x = torch.from_numpy(x).to(self.device)
-        self.y = torch.from_numpy(y).to(self.device)
         self._shards: dict[int, np.ndarray] = {}
+        self._heldout: tuple[torch.Tensor, torch.Tensor] | None = None
         self.loss_fn = nn.CrossEntropyLoss()
 
     # ---- parameters
@@ -64,25 +96,36 @@ class TorchWorkload(Workload):
         with torch.no_grad():
             self.flat.copy_(torch.from_numpy(arr))
 
-    def apply_update(self, grad: np.ndarray | torch.Tensor, lr: float) -> None:
-        g = torch.as_tensor(grad, device=self.device)
+    def apply_update(self, grad: np.ndarray | torch.Tensor, optimizer: Any) -> None:
+        g = torch.as_tensor(grad, device=self.device).to(torch.float32)
         with torch.no_grad():
-            self.flat.sub_(g.to(torch.float32), alpha=lr)
+            optimizer.step(self.flat, g)
 
     # ---- data
     def batch(self, worker: int, iteration: int) -> np.ndarray:
         if worker not in self._shards:
-            self._shards[worker] = shard_indices(self.seed, self.cfg.samples, self.workers, worker)
+            self._shards[worker] = shard_indices(self.seed, self.source.train_size, self.workers, worker)
         return batch_indices(self.seed, self._shards[worker], worker, iteration, self.cfg.batch_size)
 
     def combine(self, batches: Sequence[np.ndarray]) -> np.ndarray:
         return np.concatenate(list(batches))
 
+    def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
+        if self.flatten:
+            x = x.reshape(len(x), -1)
+        return x, torch.from_numpy(np.ascontiguousarray(y)).to(self.device)
+
+    def _loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.language:  # (batch, T, vocab) against (batch, T): the mean over every token
+            return self.loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        return self.loss_fn(out, y)
+
     # ---- gradients
     def _forward_backward(self, batch: np.ndarray) -> tuple[float, int]:
-        idx = torch.from_numpy(batch).to(self.device)
+        x, y = self._tensors(*self.source.train(batch))
         self.flat_grad.zero_()
-        loss = self.loss_fn(self.model(self.x[idx]), self.y[idx])
+        loss = self._loss(self.model(x), y)
         loss.backward()
         return float(loss.detach()), len(batch)
 
@@ -120,3 +163,25 @@ class TorchWorkload(Workload):
         finally:
             for h in handles:
                 h.remove()
+
+    # ---- evaluation
+    def evaluate(self, flat: np.ndarray, samples: int) -> dict[str, float]:
+        """Held-out mean loss and accuracy of the parameters `flat` (its first `samples`)."""
+        self.set_params(flat)
+        if self._heldout is None or len(self._heldout[0]) != samples:
+            self._heldout = self._tensors(*self.source.heldout(samples))
+        calibrate(self.model, self._tensors(*self.source.train(np.arange(min(CALIBRATION, self.source.train_size))))[0])
+        x, y = self._heldout
+        total, correct, count = 0.0, 0, 0
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for lo in range(0, len(x), EVAL_CHUNK):
+                    out, target = self.model(x[lo:lo + EVAL_CHUNK]), y[lo:lo + EVAL_CHUNK]
+                    n = target.numel()
+                    total += float(self._loss(out, target)) * n
+                    correct += int((out.argmax(dim=-1) == target).sum())
+                    count += n
+        finally:
+            self.model.train()
+        return {"loss": total / count, "acc": correct / count}

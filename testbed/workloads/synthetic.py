@@ -4,7 +4,8 @@ Objective: f(w) = 1/2 ||w - w*||^2 on a flat vector split into `TENSORS` equal "
 Worker r's gradient at iteration i is (w - w*) + c(r, i) * z_r, where z_r is a fixed seeded
 noise vector per worker and c a seeded scalar, so gradients are deterministic, differ across
 workers, average exactly like real minibatch gradients, and cost one vector pass to produce.
-The reported loss is the per-element mean of 1/2 (w - w*)^2.
+The reported loss is the per-element mean of 1/2 (w - w*)^2; evaluation reports the same at the
+parameters evaluated, without the noise (the population loss, whose optimum is 0).
 
 `--payload scaled:F` keeps physical arrays at F of the logical size: every byte count and
 emulated transfer uses the logical size (`logical_bytes`), memory and copies the physical one.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +34,8 @@ NOISE = 0.1
 
 
 class SyntheticWorkload(Workload):
+    optimum = 0.0  # the objective's minimum, at w = w*
+
     def __init__(self, cfg: WorkloadConfig, *, seed: int, workers: int) -> None:
         self.cfg, self.seed, self.workers = cfg, seed, workers
         if cfg.profile is not None:  # a real model's tensors (testbed.workloads.profiles)
@@ -64,8 +68,13 @@ class SyntheticWorkload(Workload):
     def set_params(self, flat: np.ndarray) -> None:
         np.copyto(self.w, flat)
 
-    def apply_update(self, grad: np.ndarray, lr: float) -> None:
-        self.w -= np.float32(lr) * np.asarray(grad, dtype=np.float32)
+    def apply_update(self, grad: np.ndarray, optimizer: Any) -> None:
+        optimizer.step(self.w, np.asarray(grad, dtype=np.float32))
+
+    def evaluate(self, flat: np.ndarray, samples: int) -> dict[str, float | None]:
+        """The noise-free objective at `flat` (the population loss; there is no held-out split)."""
+        diff = np.asarray(flat, dtype=np.float32) - self.target
+        return {"loss": float(0.5 * np.mean(diff * diff)), "acc": None}
 
     def batch(self, worker: int, iteration: int) -> list[tuple[int, int]]:
         return [(worker, iteration)]

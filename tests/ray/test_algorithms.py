@@ -9,7 +9,7 @@ from testbed.allreduce.algorithms import ALGORITHMS, bytes_moved, groups_of_size
 from testbed.allreduce.peer import RingPeer
 from testbed.allreduce.spec import allreduce_comm_s
 from testbed.compression import topk_count
-from testbed.reference import reference_sgd
+from testbed.reference import reference_training
 from tests.ray.helpers import make_config, run_strategy
 
 SYNTHETIC = {"workload.name": "synthetic", "workload.grad_mb": 0.01, "workload.compute_ms": 0.0}
@@ -46,7 +46,7 @@ def test_every_algorithm_on_actors_equals_numpy_sum_and_single_process_sgd(n):
     try:
         ray.get([p.connect_ring.remote(peers) for p in peers], timeout=60)
         init = ray.get(peers[0].get_params.remote(), timeout=60)
-        ref = reference_sgd(cfg)
+        ref = reference_training(cfg)
         rng = np.random.default_rng(n)
         for algorithm in ALGORITHMS[1:]:  # the ring itself: test_ring.py, test_equivalence.py
             groups = groups_of_size(n, 2)
@@ -71,7 +71,7 @@ def test_hierarchical_strategy_with_emulated_nodes_and_prediction():
                       **{**SYNTHETIC, "ring.algorithm": "hierarchical", "ring.node_size": 2,
                          "network.bandwidth": "10Gbit", "network.latency": "50us"})
     out = run_strategy(cfg)
-    np.testing.assert_allclose(out["flat"], reference_sgd(cfg), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out["flat"], reference_training(cfg), rtol=1e-4, atol=1e-5)
     extra, k = out["extra"], out["extra"]["grad_bytes_logical"]
     assert extra["algorithm"] == "hierarchical" and extra["nodes"] == 2
     assert extra["predicted_comm_s"] == pytest.approx(
@@ -86,7 +86,7 @@ def test_fp16_is_within_tolerance_of_uncompressed_and_halves_bytes():
     kw = {**SYNTHETIC, "ring.algorithm": "tree"}
     cfg = make_config(strategy="ring", workers=3, compression="fp16", **kw)
     out = run_strategy(cfg)
-    ref = reference_sgd(make_config(strategy="ring", workers=3, **kw))
+    ref = reference_training(make_config(strategy="ring", workers=3, **kw))
     np.testing.assert_allclose(out["flat"], ref, rtol=2e-3, atol=2e-3)
     assert not np.array_equal(out["flat"], ref)
     for rep in out["replicas"]:  # rounded the same way everywhere: replicas stay identical

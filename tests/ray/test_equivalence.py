@@ -1,9 +1,10 @@
-"""Every synchronous strategy equals single-process SGD on the concatenated batch (DESIGN §4)."""
+"""Every synchronous strategy equals single-process training on the concatenated batch (DESIGN §4),
+with the run's optimizer (sgd, momentum, adam) and the ResNet's batch-norm rule."""
 
 import numpy as np
 import pytest
 
-from testbed.reference import reference_sgd
+from testbed.reference import reference_training
 from tests.ray.helpers import make_config, run_strategy
 
 # The torch-free synthetic gradient depends on the parameters (w - w* plus seeded noise per worker
@@ -16,7 +17,26 @@ MLP = {"workload.name": "mlp"}
 # first of 1 MiB at most, then 25 MiB)
 PROFILE = {"workload.name": "profile:resnet50", "workload.payload": "scaled:0.0001",
            "workload.compute_ms": 0.0, "workload.grad_mb": 4.0}  # 4.0: the default, as the profile asks
+# The real architectures, tiny, with both optimizers: a Latin square of (strategy, model+optimizer)
+# whose N = 1..4 cycles along rows and columns, so every strategy meets every N and every
+# model+optimizer meets every N. The ResNet's batch norm uses each worker's own batch statistics
+# and the reference normalises each worker's slice of the global batch alike (nets.GhostBatchNorm).
+# Adam at lr 1e-3: it divides by sqrt(v), so where a gradient is near zero the ring's other order of
+# summation moves an element by up to a whole step (lr); at 1e-2 one element in 4k left atol 1e-5.
+RESNET = {"workload.name": "resnet", "workload.width": 4}
+LM = {"workload.name": "transformer", "workload.d_model": 16, "workload.layers": 1, "workload.heads": 2,
+      "workload.seq_len": 16, "workload.vocab": 16}
+MODELS = [{**RESNET, "workload.optimizer": "sgd", "workload.lr": 0.1},
+          {**RESNET, "workload.optimizer": "adam", "workload.lr": 0.001},
+          {**LM, "workload.optimizer": "sgd", "workload.lr": 0.5},
+          {**LM, "workload.optimizer": "adam", "workload.lr": 0.001}]
+SQUARE = [(strategy, (i + j) % 4 + 1, model)
+          for i, strategy in enumerate(("mapreduce", "ps-sync", "ring", "allreduce-torch"))
+          for j, model in enumerate(MODELS)]
 CASES = [
+    *SQUARE,
+    ("ps-async", 1, {**LM, "workload.optimizer": "momentum", "workload.lr": 0.1}),  # sequential, state on the server
+    ("ps-sync", 3, {**RESNET, "workload.optimizer": "momentum", "ps.shards": 2}),  # momentum split across servers
     ("mapreduce", 3, MLP),
     ("ps-sync", 3, MLP),
     ("ring", 3, MLP),
@@ -36,18 +56,18 @@ CASES = [
 
 
 def _id(strategy, n, extra):
-    shown = {k: v for k, v in extra.items() if k not in SYN}
+    shown = {k: v for k, v in extra.items() if k not in SYN and k not in RESNET and k not in LM}
     kind = extra.get("workload.name", "mlp")
-    return f"{strategy}-n{n}-{kind}" + "".join(f"-{k}={v}" for k, v in shown.items()
+    return f"{strategy}-n{n}-{kind}" + "".join(f"-{k.split('.')[-1]}={v}" for k, v in shown.items()
                                               if k not in ("workload.name", "workload.payload",
-                                                           "workload.grad_mb"))
+                                                           "workload.grad_mb", "workload.lr"))
 
 
 @pytest.mark.parametrize(("strategy", "workers", "extra"), CASES, ids=[_id(*c) for c in CASES])
 def test_matches_single_process_sgd(strategy, workers, extra):
     cfg = make_config(strategy=strategy, workers=workers, **extra)
     out = run_strategy(cfg)
-    ref = reference_sgd(cfg)
+    ref = reference_training(cfg)
     assert out["flat"].shape == ref.shape
     np.testing.assert_allclose(out["flat"], ref, rtol=1e-4, atol=1e-5)
     assert len(out["updates"]) == cfg.steps
@@ -67,4 +87,4 @@ def test_reference_is_not_trivially_equal():
     """The comparison can fail: summing instead of averaging gives other parameters."""
     cfg = make_config(strategy="mapreduce", workers=3)
     doubled = make_config(strategy="mapreduce", workers=3, **{"workload.lr": 0.6})
-    assert not np.allclose(reference_sgd(cfg), reference_sgd(doubled), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(reference_training(cfg), reference_training(doubled), rtol=1e-4, atol=1e-5)

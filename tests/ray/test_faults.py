@@ -10,7 +10,7 @@ import pytest
 
 from testbed.analysis.results import load_run
 from testbed.config import from_dict
-from testbed.reference import reference_sgd
+from testbed.reference import reference_training
 from tests.ray.helpers import make_config, run_strategy
 
 # the torch-free synthetic gradient: restarted actors come back without importing torch
@@ -28,7 +28,7 @@ def test_killed_worker_is_restarted_and_result_equals_no_fault_run(strategy):
     out = run_strategy(cfg)
     assert _kinds(out) == ["worker-restart"]
     assert out["extra"]["faults"][0]["iteration"] == 2
-    np.testing.assert_allclose(out["flat"], reference_sgd(cfg), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out["flat"], reference_training(cfg), rtol=1e-4, atol=1e-5)
     assert len(out["updates"]) == cfg.steps
 
 
@@ -74,7 +74,7 @@ def test_shard_death_resumes_from_checkpoint(tmp_path):
     (fault,) = [f for f in out["extra"]["faults"] if f["kind"] == "server-restart"]
     assert fault["resumed_from_version"] == 4 and fault["updates_redone"] >= 0
     assert list(out["updates"]["version"]) == list(range(1, 9))
-    np.testing.assert_allclose(out["flat"], reference_sgd(cfg), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out["flat"], reference_training(cfg), rtol=1e-4, atol=1e-5)
 
 
 def _main(args, capsys):
@@ -119,7 +119,7 @@ def test_ring_rebuilds_after_a_death_and_skips_a_nan_step(fail):
         assert np.isfinite(out["flat"]).all()
         return
     assert kinds == ["worker-restart"]
-    np.testing.assert_allclose(out["flat"], reference_sgd(cfg), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out["flat"], reference_training(cfg), rtol=1e-4, atol=1e-5)
     for rep in out["replicas"]:
         np.testing.assert_allclose(rep, out["flat"], rtol=1e-6, atol=1e-7)
 
@@ -160,4 +160,4 @@ def test_a_hang_is_detected_within_the_timeout_and_recovered_quietly(tmp_path, c
     assert fault["kind"] == "worker-restart" and fault["cause"] == "RemoteTimeout"
     flat = np.concatenate([v.ravel() for v in run["params"].values()])
     cfg = from_dict(run["config"]["config"])
-    np.testing.assert_allclose(flat, reference_sgd(cfg), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(flat, reference_training(cfg), rtol=1e-4, atol=1e-5)

@@ -7,7 +7,7 @@ import ray
 
 from testbed.gossip.topology import consensus_distance, mix, mixing_row, neighbours
 from testbed.records import Recorder
-from testbed.reference import reference_sgd
+from testbed.reference import reference_training
 from testbed.registry import SPECS
 from testbed.runtime.cluster import Cluster
 from testbed.workloads import make_workload
@@ -19,7 +19,7 @@ SYNTHETIC = {"workload.name": "synthetic", "workload.grad_mb": 0.01, "workload.c
 def test_complete_graph_equals_synchronous_sgd_and_sends_d_times_k():
     cfg = make_config(strategy="gossip", workers=3, **{"gossip.topology": "complete"})
     out = run_strategy(cfg)
-    np.testing.assert_allclose(out["flat"], reference_sgd(cfg), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out["flat"], reference_training(cfg), rtol=1e-4, atol=1e-5)
     for rep in out["replicas"]:  # one mixing round on the complete graph is the exact average
         np.testing.assert_allclose(rep, out["replicas"][0], rtol=1e-6, atol=1e-7)
     steps, k = out["steps"], out["extra"]["grad_bytes_logical"]
@@ -92,5 +92,5 @@ def test_async_gossip_invariants_and_emulated_cost():
 def test_one_async_worker_is_sequential_sgd():
     cfg = make_config(strategy="gossip", workers=1, **SYNTHETIC, **{"gossip.asynchronous": True})
     out = run_strategy(cfg)
-    np.testing.assert_allclose(out["flat"], reference_sgd(cfg), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["flat"], reference_training(cfg), rtol=1e-5, atol=1e-6)
     assert (out["steps"]["bytes_sent"] == 0).all()

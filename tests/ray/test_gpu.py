@@ -8,7 +8,7 @@ test here differs only in where tensors live and in the NCCL transport.
 import numpy as np
 import pytest
 
-from testbed.reference import reference_sgd
+from testbed.reference import reference_training
 from tests.ray.helpers import make_config, run_strategy
 
 pytestmark = pytest.mark.gpu
@@ -27,7 +27,7 @@ def test_cuda_ring_equals_single_process_sgd(strategy, extra):
         pytest.skip("NCCL point-to-point needs one GPU per worker; this machine has one")
     cfg = make_config(strategy=strategy, workers=n, **{"cluster.device": "cuda"}, **extra)
     out = run_strategy(cfg)
-    np.testing.assert_allclose(out["flat"], reference_sgd(cfg), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out["flat"], reference_training(cfg), rtol=1e-4, atol=1e-5)
 
 
 def test_device_cuda_without_gpu_is_a_config_error_elsewhere():

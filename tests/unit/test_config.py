@@ -51,7 +51,7 @@ def passes(cfg):
 # (rule id, overrides, flag, value named in the message)
 BAD = [
     ("strategy-unknown", {"strategy": "nope"}, "--strategy", "nope"),
-    ("workload-unknown", {"workload.name": "resnet"}, "--workload", "resnet"),
+    ("workload-unknown", {"workload.name": "alexnet"}, "--workload", "alexnet"),
     ("device-unknown", {"cluster.device": "tpu"}, "--device", "tpu"),
     ("placement-unknown", {"cluster.placement": "scatter"}, "--placement", "scatter"),
     ("transport-unknown", {"ring.transport": "pigeon"}, "--transport", "pigeon"),

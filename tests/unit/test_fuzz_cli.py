@@ -41,7 +41,7 @@ def test_every_argv_parses_or_fails_with_one_line(argv):
         assert msg and "\n" not in msg and "Traceback" not in msg
         return
     assert 1 <= cfg.workers <= 4096 and cfg.steps >= 1
-    assert math.isfinite(cfg.workload.lr) and cfg.workload.lr > 0
+    assert math.isfinite(cfg.workload.learning_rate) and cfg.workload.learning_rate > 0
 
 
 @settings(max_examples=200, deadline=None)

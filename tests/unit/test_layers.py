@@ -4,13 +4,14 @@ Layers (lowest first; a module may import its own layer and the ones below):
 
     units split                       formats and cutting
     config                            what the user asked for
-    records compression emulation     raw records, compression, the NIC model, stragglers, faults
+    records compression optim emulation
+                                      raw records, compression, optimizers, the NIC model, stragglers, faults
     workloads analysis                models and data; metrics, cost model, results, plots
     strategy                          the Strategy contract
     runtime                           Ray: cluster, remote calls, the worker base
     ps mapreduce allreduce gossip     the strategies (never each other)
     registry reference                the table of strategies; single-process SGD
-    session interrupts                the one code path of a run; signals
+    session interrupts evaluation     the one code path of a run; signals; held-out evaluation
     run sweep sweepspec bench docs    the command lines
 """
 
@@ -24,13 +25,13 @@ PACKAGE = ROOT / "testbed"
 LAYERS = [
     {"units", "split"},
     {"config"},
-    {"records", "compression", "emulation"},
+    {"records", "compression", "optim", "emulation"},
     {"workloads", "analysis"},
     {"strategy"},
     {"runtime"},
     {"ps", "mapreduce", "allreduce", "gossip"},
     {"registry", "reference"},
-    {"session", "interrupts"},
+    {"session", "interrupts", "evaluation"},
     {"run", "sweep", "sweepcheck", "sweepspec", "bench", "docs", "__main__", "__init__"},
 ]
 STRATEGY_PACKAGES = LAYERS[6]
@@ -47,7 +48,9 @@ PURE = [
     "testbed.allreduce.ring", "testbed.allreduce.algorithms", "testbed.allreduce.spec",
     "testbed.gossip.topology", "testbed.gossip.spec", "testbed.ps.ssp", "testbed.ps.schedule",
     "testbed.ps.spec", "testbed.mapreduce.spec", "testbed.workloads.synthetic",
-    "testbed.workloads.profiles", "testbed.run",
+    "testbed.workloads.profiles", "testbed.run", "testbed.optim", "testbed.analysis.evals",
+    "testbed.config.datafiles", "testbed.workloads.images", "testbed.workloads.language",
+    "testbed.workloads.data",
 ]
 
 

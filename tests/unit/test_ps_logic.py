@@ -3,12 +3,13 @@
 import numpy as np
 import pytest
 
+from testbed.optim import OptimizerSpec
 from testbed.ps.server import ShardState
 from testbed.ps.ssp import ssp_may_start, ssp_staleness_bound
 
 
 def test_push_is_applied_at_most_once():
-    s = ShardState(np.zeros(3, np.float32), lr=1.0, sync=False, workers=2)
+    s = ShardState(np.zeros(3, np.float32), optimizer=OptimizerSpec(lr=1.0), sync=False, workers=2)
     g = np.ones(3, np.float32)
     first = s.push(g, 0, worker=1, iteration=7, loss=1.0)
     again = s.push(g, 0, worker=1, iteration=7, loss=1.0)  # a retried call
@@ -18,7 +19,7 @@ def test_push_is_applied_at_most_once():
 
 
 def test_sync_applies_the_average_once_all_workers_pushed():
-    s = ShardState(np.zeros(2, np.float32), lr=0.5, sync=True, workers=3)
+    s = ShardState(np.zeros(2, np.float32), optimizer=OptimizerSpec(lr=0.5), sync=True, workers=3)
     for w, g in enumerate(([1, 2], [3, 4], [5, 6])):
         assert s.version == 0
         ack = s.push(np.array(g, np.float32), 0, worker=w, iteration=0, loss=float(w))
@@ -29,7 +30,7 @@ def test_sync_applies_the_average_once_all_workers_pushed():
 
 
 def test_backup_workers_apply_after_quorum_and_drop_the_late_gradient():
-    s = ShardState(np.zeros(1, np.float32), lr=1.0, sync=True, workers=4, backup=1)
+    s = ShardState(np.zeros(1, np.float32), optimizer=OptimizerSpec(lr=1.0), sync=True, workers=4, backup=1)
     acks = [s.push(np.ones(1, np.float32), 0, worker=w, iteration=0, loss=0.0) for w in range(4)]
     assert [a["status"] for a in acks] == ["applied", "applied", "applied", "dropped"]
     assert acks[2]["update"]["contributors"] == 3 and acks[2]["update"]["dropped"] == 1
@@ -37,14 +38,14 @@ def test_backup_workers_apply_after_quorum_and_drop_the_late_gradient():
 
 
 def test_async_staleness_is_version_gap():
-    s = ShardState(np.zeros(1, np.float32), lr=1.0, sync=False, workers=3)
+    s = ShardState(np.zeros(1, np.float32), optimizer=OptimizerSpec(lr=1.0), sync=False, workers=3)
     assert s.push(np.ones(1, np.float32), 0, worker=0, iteration=0, loss=0)["staleness"] == 0
     assert s.push(np.ones(1, np.float32), 0, worker=1, iteration=0, loss=0)["staleness"] == 1
     assert s.push(np.ones(1, np.float32), 0, worker=2, iteration=0, loss=0)["staleness"] == 2
 
 
 def test_shard_stops_at_max_updates():
-    s = ShardState(np.zeros(1, np.float32), lr=1.0, sync=False, workers=1, max_updates=2)
+    s = ShardState(np.zeros(1, np.float32), optimizer=OptimizerSpec(lr=1.0), sync=False, workers=1, max_updates=2)
     for i in range(3):
         ack = s.push(np.ones(1, np.float32), i, worker=0, iteration=i, loss=0)
     assert ack["status"] == "finished" and s.version == 2
@@ -53,7 +54,7 @@ def test_shard_stops_at_max_updates():
 
 
 def test_pull_times_out_with_a_clear_error():
-    s = ShardState(np.zeros(1, np.float32), lr=1.0, sync=True, workers=2)
+    s = ShardState(np.zeros(1, np.float32), optimizer=OptimizerSpec(lr=1.0), sync=True, workers=2)
     with pytest.raises(TimeoutError, match="version 1 not reached"):
         s.pull(1, timeout=0.05)
 

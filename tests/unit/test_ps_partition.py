@@ -4,6 +4,7 @@ which a synchronous version's replies go out."""
 import numpy as np
 import pytest
 
+from testbed.optim import OptimizerSpec
 from testbed.ps.partition import MiB, partition, partition_count
 from testbed.ps.server import ShardState
 
@@ -42,7 +43,7 @@ def test_a_partition_larger_than_a_tensor_and_a_tensor_larger_than_a_partition_b
 
 
 def test_the_version_completing_push_lists_contributors_in_delivery_order():
-    s = ShardState(np.zeros(2, np.float32), lr=1.0, sync=True, workers=3)
+    s = ShardState(np.zeros(2, np.float32), optimizer=OptimizerSpec(lr=1.0), sync=True, workers=3)
     g = np.ones(2, np.float32)
     acks = [s.push(g, 0, worker=w, iteration=0, loss=0.0, delivered=t)
             for w, t in ((2, 5.0), (0, 7.0), (1, 6.0))]  # pushes handled out of delivery order
