@@ -66,10 +66,12 @@ def test_nan_gradient_is_never_applied(strategy):
 
 
 def test_shard_death_resumes_from_checkpoint(tmp_path):
-    """Partitioned: 5 partitions on 2 servers, each checkpointed on its own; every one resumes."""
+    """Partitioned: 5 partitions on 2 servers, each checkpointed on its own, with its Adam state;
+    every one resumes."""
     cfg = make_config(strategy="ps-sync", workers=2, steps=8, **FAST,
                       **{"faults.fail": "server=0,at=5", "faults.checkpoint_every": 2,
-                         "ps.shards": 2, "ps.partition_mb": 0.002})
+                         "ps.shards": 2, "ps.partition_mb": 0.002, "workload.optimizer": "adam",
+                         "workload.lr": 0.05})
     out = run_strategy(cfg, workdir=str(tmp_path))
     (fault,) = [f for f in out["extra"]["faults"] if f["kind"] == "server-restart"]
     assert fault["resumed_from_version"] == 4 and fault["updates_redone"] >= 0
@@ -111,7 +113,10 @@ def test_restarts_exhausted_exit_3(tmp_path, capsys):
 
 @pytest.mark.parametrize("fail", ["worker=1,at=2", "nan:worker=0,at=1"])
 def test_ring_rebuilds_after_a_death_and_skips_a_nan_step(fail):
-    cfg = make_config(strategy="ring", workers=3, steps=4, **FAST, **{"faults.fail": fail})
+    """Adam: the survivors roll their optimizer state back with their parameters, and the restarted
+    peer gets a survivor's (a peer that started Adam afresh would take other steps)."""
+    cfg = make_config(strategy="ring", workers=3, steps=4, **FAST,
+                      **{"faults.fail": fail, "workload.optimizer": "adam", "workload.lr": 0.05})
     out = run_strategy(cfg)
     kinds = _kinds(out)
     if fail.startswith("nan"):
