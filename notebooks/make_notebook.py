@@ -91,6 +91,20 @@ FIGURES = [
     ("show(plots.loss_vs_time, updates)",
      "Training loss against wall time since the first update (time-to-loss): faster updates "
      "can win even when each update helps less."),
+    ("show(plots.convergence_vs_time, table)",
+     "Accuracy per second: the held-out loss of each run's authoritative model against training "
+     "wall time, one panel per setting (workload, straggler, network), with the run's target and, "
+     "for the generated language, the best achievable loss (its entropy). `experiments/"
+     "convergence.toml` is the sweep this section is written for."),
+    ("show(plots.convergence_vs_samples, table)",
+     "The same against samples seen, in global batches (one model update of a synchronous "
+     "strategy): statistical efficiency alone. An asynchronous or stale run that is below the "
+     "others in time but above them here trades sample efficiency for speed."),
+    ("from IPython.display import Markdown\n\ntry:\n    display(Markdown(plots.time_to_target_table(table)))\n"
+     "except plots.NoData as exc:\n    print(f\"no evaluated runs ({exc})\")",
+     "Time, updates and samples to the target (`--target-loss` / `--target-acc`), fastest first "
+     "per setting, beside the last held-out loss and the throughput: what `time_to_target.md` in "
+     "the sweep's figures folder holds."),
 ]
 
 

@@ -7,7 +7,8 @@ of a sweep table (`testbed.results.load_table`) whose status is "completed" and 
 among that strategy's rows, so keys that do not apply to a strategy never split its series.
 A function raises `NoData` when the table lacks what it needs; `figures_for_sweep` skips it.
 The per-run figures (staleness histogram, loss vs updates / time) live in `testbed.analysis.runplots`
-and are importable from here too.
+and the held-out curves and time-to-target table in `testbed.analysis.convergence`; both are
+importable from here too.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from testbed.analysis import convergence
+from testbed.analysis.convergence import convergence_vs_samples, convergence_vs_time, time_to_target_table
 from testbed.analysis.figures import NoData, fmt, legend, new_figure, save, series_labels
 from testbed.analysis.placement import placement_figure
 from testbed.analysis.runplots import loss_vs_time, loss_vs_updates, staleness_histogram
@@ -206,8 +209,11 @@ def figures_for_sweep(table: pd.DataFrame, out_dir: str | os.PathLike,
               ("placement", lambda: placement_figure(table)),
               ("staleness_histogram", lambda: staleness_histogram(steps) if stale else None),
               ("loss_vs_updates", lambda: loss_vs_updates(updates)),
-              ("loss_vs_time", lambda: loss_vs_time(updates))]
+              ("loss_vs_time", lambda: loss_vs_time(updates)),
+              ("convergence_vs_time", lambda: convergence_vs_time(table)),
+              ("convergence_vs_samples", lambda: convergence_vs_samples(table))]
     written = []
+    convergence.write_table(table, out_dir)  # time_to_target.md, where runs were evaluated
     for stem, make in makers:
         try:
             fig = make()

@@ -328,7 +328,7 @@ def load_run(path: str | os.PathLike) -> dict[str, Any]:
     }
     for name in TABLES:
         out[name] = run_table(p, name)
-    out["evals"] = _evals(p, out)
+    out["evals"] = _evals(p, out["config"], out["updates"], out["steps"])
     out["status"] = out["summary"]["status"] if out["summary"] else "crashed"
     if (p / "params.npz").exists():
         with np.load(p / "params.npz", allow_pickle=False) as npz:
@@ -336,15 +336,24 @@ def load_run(path: str | os.PathLike) -> dict[str, Any]:
     return out
 
 
-def _evals(p: Path, run: dict[str, Any]) -> pd.DataFrame:
+def run_evals(path: str | os.PathLike) -> pd.DataFrame:
+    """A run folder's evaluations (evals.parquet, or rebuilt for a run that never ended)."""
+    p = Path(path)
+    if (p / "evals.parquet").exists():
+        return pd.read_parquet(p / "evals.parquet")
+    config = json.loads((p / "config.json").read_text())
+    return _evals(p, config, run_table(p, "updates"), run_table(p, "steps"))
+
+
+def _evals(p: Path, config: dict[str, Any], updates: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """evals.parquet, or, for a run that never ended, its raw evaluations placed on its clock."""
     from testbed.analysis.evals import eval_points
 
     if (p / "evals.parquet").exists():
         return pd.read_parquet(p / "evals.parquet")
     raw = read_log(p / RecordLog.NAME)["evals"] if (p / RecordLog.NAME).exists() else []
-    batch = run["config"].get("config", {}).get("workload", {}).get("batch_size", 1)
-    return eval_points(table_frame(raw, EVAL_COLUMNS), run["updates"], run["steps"], int(batch))
+    batch = config.get("config", {}).get("workload", {}).get("batch_size", 1)
+    return eval_points(table_frame(raw, EVAL_COLUMNS), updates, steps, int(batch))
 
 
 def chrome_trace(events: list[dict[str, Any]], t0: float) -> dict[str, Any]:

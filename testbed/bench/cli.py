@@ -1,5 +1,8 @@
 """Benchmark the allreduce building blocks: our ring against torch's gloo, a PS and MapReduce.
 
+(`python -m testbed.bench network`: a real network's alpha and beta, testbed/bench/network.py;
+`python -m testbed.bench models`: the real models' step time, testbed/bench/models.py.)
+
     python -m testbed.bench allreduce --workers 2,4,8 --sizes 4KB,256KB,4MB,64MB \\
         [--repeats 5] [--warmup 2] [--seed 0] [--timeout 120] [--out FILE.json]
 
@@ -62,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.bench import network
+from testbed.bench import models, network
 from testbed.config import MAX_WORKERS, ConfigError
 from testbed.units import format_bytes, format_seconds, parse_size
 
@@ -90,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--timeout", type=float, default=120.0, help="seconds any remote wait may take")
     a("--out", default=None, help="also write raw samples and derived numbers to this JSON file")
     network.add_arguments(sub)
+    models.add_arguments(sub)
     return p
 
 
@@ -120,14 +124,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """argv -> validated options (raises ConfigError with the one-line message)."""
     ns = build_parser().parse_args(argv)
     if ns.command is None:
-        raise ConfigError(f"missing benchmark: use '{PROG} allreduce --workers 2,4 --sizes 4KB' or "
-                          f"'{PROG} network'")
+        raise ConfigError(f"missing benchmark: use '{PROG} allreduce --workers 2,4 --sizes 4KB', "
+                          f"'{PROG} network' or '{PROG} models'")
     if ns.out is not None:
         parent = os.path.dirname(os.path.abspath(ns.out))
         if os.path.isdir(ns.out) or not os.path.isdir(parent):
             raise ConfigError(f"--out {ns.out!r}: give a file path in an existing folder, e.g. bench.json")
     if ns.command == "network":
         network.validate(ns, _split, parse_sizes)
+        return ns
+    if ns.command == "models":
+        models.validate(ns, _split)
         return ns
     workers = []
     for item in _split("--workers", ns.workers):
@@ -338,6 +345,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if ns.command == "network":
         return _network(ns)
+    if ns.command == "models":
+        doc = models.run_models(ns)
+        print(models.report(doc))
+        if ns.out:
+            write_json(ns.out, doc)
+            print(f"wrote {ns.out}")
+        return EXIT_OK
     try:
         doc = run_allreduce(ns)
     except ConfigError as exc:  # resource shortfall found by the cluster check

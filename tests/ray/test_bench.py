@@ -45,6 +45,8 @@ def test_bench_allreduce_writes_every_method_verified(tmp_path, capsys):
     (["allreduce", "--sizes", "4QB"], "--sizes '4QB'"),
     (["allreduce", "--repeats", "0"], "--repeats 0"),
     (["allreduce", "--bogus"], "--bogus"),
+    (["models", "--workloads", "synthetic"], "--workloads 'synthetic'"),
+    (["models", "--workers", "0"], "--workers '0'"),
 ])
 def test_bench_bad_argument_is_one_line_exit_2(argv, names, capsys):
     assert main(argv) == 2
@@ -78,3 +80,18 @@ def test_bench_network_writes_a_calibration_that_gives_real_runs_a_prediction(tm
     assert s["prediction_source"] == cal.describe("channel")
     assert s["calibrated_fit"] == pytest.approx(s["comm_s_per_step"] / s["predicted_comm_s"])
     assert "emulation_fidelity" not in s and "prediction_missing" not in s
+
+
+def test_bench_models_times_each_model_alone_and_beside_others(tmp_path, capsys):
+    """Real processes, one torch thread each; every sample kept, the contention model beside."""
+    out = tmp_path / "models.json"
+    assert main(["models", "--workloads", "mlp,transformer", "--workers", "1,2", "--steps", "3",
+                 "--warmup", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    rows = {(r["workload"], r["workers"]): r for r in doc["rows"]}
+    assert set(rows) == {("mlp", 1), ("mlp", 2), ("transformer", 1), ("transformer", 2)}
+    for (_, w), r in rows.items():
+        assert len(r["samples_s"]) == 3 * w and r["median_s"] > 0
+    assert rows[("transformer", 2)]["model_s"] == rows[("transformer", 1)]["median_s"] * max(1, 2 / doc["cores"])
+    assert rows[("transformer", 1)]["params"] == 106240 and "transformer" in text
