@@ -54,7 +54,7 @@ def _report(cfg: RunConfig, outcome: Any) -> int:
         print(f"testbed.run: error: {outcome.error_line}", file=sys.stderr)
     if outcome.summary and outcome.summary.get("fidelity_warning"):
         print(f"testbed.run: warning: {outcome.summary['fidelity_warning']}", file=sys.stderr)
-    if outcome.summary and outcome.summary.get("eval_error"):
+    if outcome.exit_code == 0 and outcome.summary and outcome.summary.get("eval_error"):  # else: the error above
         print(f"testbed.run: warning: held-out evaluation: {outcome.summary['eval_error']}", file=sys.stderr)
     if outcome.folder is not None:
         if not cfg.quiet and outcome.summary:

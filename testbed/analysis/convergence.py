@@ -30,6 +30,8 @@ SETTING = ("workload", "straggler", "network.bandwidth")  # what a panel holds f
 
 
 def _completed(table: pd.DataFrame) -> pd.DataFrame:
+    if not {"status", "run_dir"} <= set(table.columns):
+        raise NoData("no run status or run folders")
     rows = table[table["status"] == "completed"]
     if "repeat" in rows.columns:
         rows = rows[rows["repeat"] == 0]

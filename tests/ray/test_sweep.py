@@ -69,7 +69,7 @@ def test_figures_are_drawn(sweep):
     names = {p.name for p in figures.iterdir()}
     assert {"throughput_vs_workers.png", "throughput_vs_workers.svg", "step_breakdown.png",
             "loss_vs_updates.png", "loss_vs_time.png"} <= names
-    assert all((figures / n).stat().st_size > 1000 for n in names)
+    assert all((figures / n).stat().st_size > 1000 for n in names if n.endswith((".png", ".svg")))
 
 
 def test_resume_reruns_only_the_unfinished_point(sweep):
