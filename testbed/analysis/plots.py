@@ -24,14 +24,19 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from testbed.analysis import convergence
-from testbed.analysis.convergence import convergence_vs_samples, convergence_vs_time, time_to_target_table
+from testbed.analysis.convergence import (
+    convergence_vs_samples,
+    convergence_vs_time,
+    time_to_target_table,
+)
 from testbed.analysis.figures import NoData, fmt, legend, new_figure, save, series_labels
 from testbed.analysis.placement import placement_figure
 from testbed.analysis.runplots import loss_vs_time, loss_vs_updates, staleness_histogram
 
-__all__ = ["NoData", "figures_for_sweep", "loss_vs_time", "loss_vs_updates", "measured_vs_predicted",
-           "run_tables", "save", "series_labels", "staleness_histogram", "step_breakdown",
-           "straggler_impact", "throughput_vs_workers"]
+__all__ = ["NoData", "convergence_vs_samples", "convergence_vs_time", "figures_for_sweep", "loss_vs_time",
+           "loss_vs_updates", "measured_vs_predicted", "run_tables", "save", "series_labels",
+           "staleness_histogram", "step_breakdown", "straggler_impact", "throughput_vs_workers",
+           "time_to_target_table"]
 
 PHASE_COLORS = {"compute": "#4c72b0", "comm": "#dd8452", "wait": "#8c8c8c"}
 

@@ -6,13 +6,15 @@
 For every workload (its default configuration: `python -m testbed.run --workload NAME`) and
 worker count W, W processes (no Ray) each build the workload with one torch thread -- what a
 worker actor does at its default CPU share -- wait at a common gate, then compute --warmup
-untimed and --steps timed gradients of their own batches. A step's time is one gradient's wall
-time in one process; the report gives the median over every process and step (p10/p90 beside).
+untimed and --steps timed gradients of their own batches. Two times per (workload, W): `step`,
+one gradient's wall time in one process (the median over every process and step, p10/p90
+beside), and `together`, the wall time from the gate until the last process finished, over
+--steps: how long one step of all W workers takes when they run side by side.
 
-The model beside it: W workers sharing C cores each get C/W of a core once W > C, so a step
-takes max(1, W/C) times the single-worker step. Where the measurement is above that the
-machine loses more than its cores to the contention (caches, memory bandwidth, the scheduler);
-the report says by how much.
+The model beside `together`: W workers sharing C cores each get C/W of a core once W > C, so a
+step of all of them takes max(1, W/C) times the single-worker step. Where the measurement is
+above that the machine loses more than its cores to the contention (caches, memory bandwidth,
+the scheduler); the report says by how much.
 """
 
 from __future__ import annotations
@@ -68,12 +70,12 @@ def _worker(name: str, rank: int, workers: int, steps: int, warmup: int, gate: A
     for i in range(warmup):
         model.gradient(model.batch(rank, i))
     gate.wait()
-    times = []
+    start, times = time.time(), []
     for i in range(warmup, warmup + steps):
         t0 = time.perf_counter()
         model.gradient(model.batch(rank, i))
         times.append(time.perf_counter() - t0)
-    out.put((rank, model.numel, times))
+    out.put((rank, model.numel, times, start, time.time()))
 
 
 def measure(name: str, workers: int, steps: int, warmup: int) -> dict[str, Any]:
@@ -86,11 +88,12 @@ def measure(name: str, workers: int, steps: int, warmup: int) -> dict[str, Any]:
     got = [out.get(timeout=600) for _ in procs]
     for p in procs:
         p.join(10)
-    samples = [t for _, _, times in got for t in times]
+    samples = [t for g in got for t in g[2]]
     s = np.asarray(samples)
+    together = (max(g[4] for g in got) - min(g[3] for g in got)) / steps
     return {"workload": name, "workers": workers, "params": got[0][1], "samples_s": samples,
             "median_s": float(np.median(s)), "p10_s": float(np.percentile(s, 10)),
-            "p90_s": float(np.percentile(s, 90))}
+            "p90_s": float(np.percentile(s, 90)), "together_s": together}
 
 
 def run_models(ns: argparse.Namespace) -> dict[str, Any]:
@@ -101,7 +104,7 @@ def run_models(ns: argparse.Namespace) -> dict[str, Any]:
         for w in ns.workers:
             row = measure(name, w, ns.steps, ns.warmup)
             if w == 1:
-                single = row["median_s"]
+                single = row["together_s"]
             row["model_s"] = None if single is None else single * max(1.0, w / cores)
             rows.append(row)
     return {"cores": cores, "rows": rows}
@@ -110,12 +113,13 @@ def run_models(ns: argparse.Namespace) -> dict[str, Any]:
 def report(doc: dict[str, Any]) -> str:
     lines = [f"cores: {doc['cores']}; one torch thread per worker; batch 32 (the defaults)",
              f"{'workload':<12} {'params':>8} {'W':>3} {'step':>10} {'p10':>10} {'p90':>10} "
-             f"{'model':>10} {'vs model':>9}"]
+             f"{'together':>10} {'model':>10} {'vs model':>9}"]
     for r in doc["rows"]:
         model = r["model_s"]
-        ratio = "-" if model is None else f"{r['median_s'] / model:.2f}x"
+        ratio = "-" if model is None else f"{r['together_s'] / model:.2f}x"
         lines.append(f"{r['workload']:<12} {r['params']:>8} {r['workers']:>3} {r['median_s'] * 1e3:>8.1f}ms "
-                     f"{r['p10_s'] * 1e3:>8.1f}ms {r['p90_s'] * 1e3:>8.1f}ms "
+                     f"{r['p10_s'] * 1e3:>8.1f}ms {r['p90_s'] * 1e3:>8.1f}ms {r['together_s'] * 1e3:>8.1f}ms "
                      f"{'-' if model is None else f'{model * 1e3:.1f}ms':>10} {ratio:>9}")
-    lines.append("model: max(1, W/cores) x the one-worker step (W workers sharing the cores)")
+    lines.append("step: one gradient in one process; together: one step of all W side by side "
+                 "(wall / steps); model: max(1, W/cores) x together at W = 1")
     return "\n".join(lines)
