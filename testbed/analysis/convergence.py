@@ -21,12 +21,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from testbed.analysis.figures import NoData, colors, fmt, legend, new_figure, series_labels
+from testbed.analysis.figures import NoData, colors, fmt, series_labels
 from testbed.analysis.results import run_evals
 
-SETTING = ("workload", "straggler", "network.bandwidth")  # what a panel holds fixed
+SETTING = ("workload.name", "straggler", "network.bandwidth")  # what a panel holds fixed
 
 
 def _completed(table: pd.DataFrame) -> pd.DataFrame:
@@ -40,30 +41,36 @@ def _completed(table: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["evaluations"].fillna(0) > 0]
 
 
-def settings(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """(panel title, its rows) per combination of the SETTING columns, in table order."""
+def settings(table: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
+    """(workload, setting, its rows) per combination of the SETTING columns, in table order;
+    the setting names what differs from this machine as it is ("as is" when nothing does)."""
     keys = [k for k in SETTING if k in table.columns]
     out = []
     for values, rows in table.groupby([table[k].map(fmt) for k in keys], sort=False):
         values = values if isinstance(values, tuple) else (values,)
-        title = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, values, strict=True)
-                          if k == "workload" or v != "none")
-        out.append((title or "all runs", rows))
+        named = dict(zip(keys, values, strict=True))
+        rest = ", ".join(f"{k.split('.')[-1]} {v}" for k, v in named.items() if k != SETTING[0] and v != "none")
+        out.append((named.get(SETTING[0], "runs"), rest or "as is", rows))
     return out
 
 
 def variant_labels(rows: pd.DataFrame) -> pd.Series:
     """A line's name: its strategy and the keys that vary between the lines of one panel."""
     return series_labels(rows, exclude=(*SETTING, "steps", "workers", "eval.target_loss", "eval.target_acc",
-                                        "workload.optimizer", "workload.lr"))
+                                        "workload.optimizer", "network.latency"))
 
 
 def _curves(table: pd.DataFrame, x: Callable[[pd.DataFrame, pd.Series], pd.Series], xlabel: str,
             title: str) -> Figure:
     rows = _completed(table)
     panels = settings(rows)
-    fig, axes = new_figure(len(panels), width=5.2, height=4.0)
-    for ax, (name, group) in zip(axes, panels, strict=True):
+    workloads = list(dict.fromkeys(w for w, _, _ in panels))
+    columns = list(dict.fromkeys(c for _, c, _ in panels))
+    fig = Figure(figsize=(4.6 * len(columns) + 3.2, 3.6 * len(workloads)), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.subplots(len(workloads), len(columns), squeeze=False)
+    for workload, column, group in panels:
+        ax = grid[workloads.index(workload)][columns.index(column)]
         labels = variant_labels(group)
         for color, i in zip(colors(len(group)), group.index, strict=True):
             ev = run_evals(group.at[i, "run_dir"])
@@ -78,11 +85,12 @@ def _curves(table: pd.DataFrame, x: Callable[[pd.DataFrame, pd.Series], pd.Serie
         target = group["target_loss"].dropna() if "target_loss" in group else pd.Series(dtype=float)
         if len(target):
             ax.axhline(float(target.iloc[0]), color="grey", linestyle="--", linewidth=1, label="target")
-        ax.set_title(name, fontsize="medium")
+        ax.set_title(f"{workload}: {column}", fontsize="medium")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("held-out loss")
         ax.grid(alpha=0.3)
-        legend(ax)
+        if columns.index(column) == len(columns) - 1:  # one legend a row, beside its last panel
+            ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.02, 1))
     fig.suptitle(title)
     return fig
 
@@ -105,7 +113,8 @@ def time_to_target_table(table: pd.DataFrame) -> str:
     rows = _completed(table)
     lines = ["| setting | variant | time to target (s) | updates | samples | held-out loss (last) | "
              "accuracy (last) | samples/s |", "|---|---|---|---|---|---|---|---|"]
-    for name, group in settings(rows):
+    for workload, column, group in settings(rows):
+        name = f"{workload}, {column}"
         labels = variant_labels(group)
         order = group.assign(_t=group["time_to_target_s"].fillna(np.inf)).sort_values("_t", kind="stable")
         for i in order.index:
