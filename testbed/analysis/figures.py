@@ -74,9 +74,10 @@ def legend(ax, handles: list | None = None, labels: list[str] | None = None) -> 
         handles, labels = ax.get_legend_handles_labels()
     if len(handles) <= 4:
         ax.legend(handles, labels, fontsize="small")
-    else:  # widen the figure by the legend's width so the axes keep theirs
-        fig = ax.get_figure()
+    else:  # widen the figure by the legend's width so the axes keep theirs (and heighten it to
+        fig = ax.get_figure()  # hold every line of a long legend)
         fig.set_figwidth(fig.get_figwidth() + 0.3 + 0.055 * max(map(len, labels)))
+        fig.set_figheight(max(fig.get_figheight(), 0.6 + 0.16 * len(labels)))
         ax.legend(handles, labels, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
 
 
