@@ -85,12 +85,12 @@ def test_bench_network_writes_a_calibration_that_gives_real_runs_a_prediction(tm
 def test_bench_models_times_each_model_alone_and_beside_others(tmp_path, capsys):
     """Real processes, one torch thread each; every sample kept, the contention model beside."""
     out = tmp_path / "models.json"
-    assert main(["models", "--workloads", "mlp,transformer", "--workers", "1,2", "--steps", "3",
+    assert main(["models", "--workloads", "transformer", "--workers", "1,2", "--steps", "3",
                  "--warmup", "1", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     doc = json.loads(out.read_text())
     rows = {(r["workload"], r["workers"]): r for r in doc["rows"]}
-    assert set(rows) == {("mlp", 1), ("mlp", 2), ("transformer", 1), ("transformer", 2)}
+    assert set(rows) == {("transformer", 1), ("transformer", 2)}
     for (_, w), r in rows.items():
         assert len(r["samples_s"]) == 3 * w and r["median_s"] > 0
     assert rows[("transformer", 2)]["model_s"] == rows[("transformer", 1)]["together_s"] * max(1, 2 / doc["cores"])
