@@ -45,6 +45,7 @@ class StepRecord:
     staleness: int | None  # version_applied - version_read; None when never applied
     injected_delay_s: float
     late_s: float = 0.0  # emulated network: how late this worker's messages arrived (real overhead)
+    node: str | None = None  # the Ray node the worker ran on (`Recorder.locate` fills it in)
 
 
 @dataclass
@@ -133,6 +134,23 @@ class Recorder:
         self.first_update_at: float | None = None  # wall clock of the first update (start-up figures)
         self._eval_every, self._eval_last = 0, -1
         self._evaluate: Callable[[int, Any], None] | None = None
+        self._locate: Callable[[], Mapping[int, str]] | None = None
+        self._nodes: Mapping[int, str] | None = None  # worker -> node, asked again after a fault
+
+    def locate(self, where: Callable[[], Mapping[int, str]]) -> None:
+        """Fill each step's `node` from `where()` (worker -> Ray node, the run's placement); it is
+        asked once, and again after every fault (a restarted worker may land elsewhere)."""
+        self._locate, self._nodes = where, None
+
+    def _node_of(self, worker: int) -> str | None:
+        if self._locate is None:
+            return None
+        if self._nodes is None or worker not in self._nodes:
+            try:
+                self._nodes = self._locate()
+            except Exception:  # noqa: BLE001 - a node that cannot be told is null, the step is kept
+                self._nodes = {}
+        return self._nodes.get(worker)
 
     # ---- evaluation of the authoritative model (testbed.evaluation does the work)
     def plan_evaluation(self, every: int, last: int, evaluate: Callable[[int, Any], None]) -> None:
@@ -179,6 +197,8 @@ class Recorder:
 
     def step(self, rec: StepRecord) -> None:
         row = self._time(asdict(rec))
+        if row["node"] is None:
+            row["node"] = self._node_of(rec.worker)
         with self._lock:
             self.steps.append(row)
             self._emit("step", row)
@@ -210,6 +230,7 @@ class Recorder:
         with self._lock:
             self.extra.setdefault("faults", []).append(row)
             self._emit("fault", row)
+            self._nodes = None  # where the workers are is asked again
             if kind == "nan-skipped":
                 self.skipped += 1
         self.event(actor, "fault", t0, t1)  # (taken into the emulated clock there)

@@ -124,6 +124,9 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
             bar = _progress(cfg)
             recorder = Recorder(sink=log, on_update=(lambda _u: bar.update(1)) if bar else None,
                                 max_skipped=cfg.faults.max_skipped)
+            recorder.locate(cluster.worker_nodes)  # each step's `node`
+            recorder.extra["cluster_nodes"] = cluster.alive_nodes()
+            recorder.extra["actor_nodes"] = len(set(cluster.bundle_nodes().values()))
             evaluator = Evaluator(cfg, recorder, on_result=_show_eval(bar))
             evaluator.attach()  # held-out evaluations, off the critical path (testbed.evaluation)
         strategy = spec.create(cfg, cluster, run_id=run_id, workdir=str(folder.path))
@@ -280,6 +283,8 @@ def summarize_run(spec: StrategySpec, cfg: RunConfig, steps: Any, updates: Any, 
     summary["workload"] = cfg.workload.name
     summary["tensors"] = tensor_count(cfg.workload)
     summary["dilation"] = cfg.network.dilation
+    nodes = steps["node"].dropna() if "node" in steps else ()  # (run folders before the column)
+    summary["worker_nodes"] = int(nodes.nunique()) if len(nodes) else None
     summary.update(predictions(spec, cfg, summary, steps, updates, extra))
     summary.update(extra)
     return summary
@@ -311,9 +316,11 @@ def critical_comm_s(steps: Any, updates: Any) -> float:
     return float(np.median(intervals)) - float(slowest_compute(steps).median())
 
 
-def _network_link(spec: StrategySpec, cfg: RunConfig) -> tuple[tuple[float, float], str] | str:
+def _network_link(spec: StrategySpec, cfg: RunConfig, nodes: int) -> tuple[tuple[float, float], str] | str:
     """((latency s, bandwidth B/s), where they come from) for the cost model, or why there are none:
-    the emulated network's settings, or a real network's calibration for this strategy's path."""
+    the emulated network's settings, or a real network's calibration for this strategy's path --
+    its inter-node link when the run's actors sit on more than one node (`nodes`): every
+    strategy's step then waits on messages that cross nodes, the slower link."""
     net = cfg.network
     if net.emulated:
         return (net.latency_s, net.bandwidth_Bps), "emulated network"
@@ -326,8 +333,8 @@ def _network_link(spec: StrategySpec, cfg: RunConfig) -> tuple[tuple[float, floa
     if path not in cal.links:
         return (f"calibration {net.calibration} has no '{path}' path (this run's messages take it; "
                 f"it holds {', '.join(sorted(cal.links))}); measure it with python -m testbed.bench network")
-    link = cal.links[path]
-    return (link.alpha_s, link.bandwidth_Bps), cal.describe(path)
+    link, said = cal.link(path, across=nodes > 1)
+    return (link.alpha_s, link.bandwidth_Bps), said
 
 
 def slowest_compute(steps: Any) -> Any:
@@ -349,7 +356,7 @@ def predictions(spec: StrategySpec, cfg: RunConfig, summary: dict[str, Any], ste
         out["prediction_missing"] = "the strategy did not report its gradient size"
         return out
     out["predicted_bytes_sent_per_worker_per_step"] = spec.bytes_per_worker(cfg, extra)
-    link = _network_link(spec, cfg)
+    link = _network_link(spec, cfg, extra.get("actor_nodes") or 1)
     if isinstance(link, str):
         out["prediction_missing"] = link
         return out

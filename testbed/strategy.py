@@ -56,6 +56,7 @@ class StrategySpec(ABC):
     keys: frozenset[str] = frozenset()  # strategy-specific config keys it reads
     choices: Mapping[str, tuple[str, ...]] = {}  # the allowed values of some of its keys
     summary_keys: Mapping[str, str] = {}  # its own summary.json keys -> meaning (results/README)
+    fault_kinds: tuple[str, ...] = ("kill", "hang", "nan")  # the --fail kinds its workers can fire
 
     def synchronous(self, cfg: RunConfig) -> bool:
         """True when a model update is one global step that every worker contributes to."""

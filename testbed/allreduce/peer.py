@@ -17,6 +17,7 @@ Buffers: a torch tensor (any device: the adds run where the gradient lives, on t
 
 from __future__ import annotations
 
+import os
 import queue
 import socket
 import threading
@@ -164,6 +165,7 @@ class RingPeer(WorkerBase):
         import torch.distributed as dist
 
         backend = "nccl" if self.device == "cuda" else "gloo"
+        pin_gloo_interface(ray.util.get_node_ip_address())
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.n, timeout=timedelta(seconds=self.config.cluster.timeout_s))
 
@@ -312,3 +314,36 @@ class RingPeer(WorkerBase):
             raise RemoteTimeout(f"worker {self.rank}: bucket allreduce did not finish within "
                                 f"{self.config.cluster.timeout_s:g}s")
         return grad, info
+
+
+def pin_gloo_interface(ip: str) -> None:
+    """Make gloo listen on the interface that holds this node's Ray address.
+
+    Gloo picks its address from the host name, and a host name often resolves to 127.0.0.1
+    (/etc/hosts): fine on one machine, but a peer on another node would then be told to connect
+    to its own loopback. GLOO_SOCKET_IFNAME names the interface instead; a value the user set is
+    kept, and an address held by no interface leaves gloo's default.
+    """
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    name = interface_of(ip)
+    if name is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+
+
+def interface_of(ip: str) -> str | None:
+    """The network interface holding IPv4 address `ip` (Linux), or None."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on it
+                continue
+            if socket.inet_ntoa(raw[20:24]) == ip:
+                return name
+    return None
+

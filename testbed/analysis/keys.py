@@ -31,6 +31,9 @@ STEP_COLUMNS = {
     "injected_delay_s": ("s", "straggler delay injected into this iteration (`--straggler`)"),
     "late_s": ("s", "emulated network: how much later than their emulated delivery this worker's "
                     "messages arrived (real cost the emulator could not hide); 0 otherwise"),
+    "node": ("", "the Ray node the worker ran on: its IP address (with `/` and 6 hex digits of the "
+                 "node id where several nodes share an address); a worker restarted elsewhere shows "
+                 "its new node from then on"),
 }
 UPDATE_COLUMNS = {
     "version": ("", "parameter version after the update (1 for the first)"),
@@ -69,6 +72,11 @@ SUMMARY = {
     "error": ("", "how a run that did not complete ended, in one line (null when it completed)"),
     "strategy": ("", "strategy name"),
     "workers": ("", "N"),
+    "worker_nodes": ("count", "distinct Ray nodes the workers ran on (`node` in steps.parquet)"),
+    "actor_nodes": ("count", "distinct Ray nodes the run's actors (workers and servers) were placed on "
+                             "at its start; more than 1 makes a calibrated prediction use the "
+                             "inter-node link"),
+    "cluster_nodes": ("count", "live Ray nodes in the cluster when the run started"),
     "workload": ("", "workload name"),
     "steps": ("updates", "model updates actually applied"),
     "worker_iterations": ("", "rows of steps.parquet"),

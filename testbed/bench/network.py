@@ -1,7 +1,7 @@
 """Measure a real network's alpha and beta for the cost model: the calibration file.
 
     python -m testbed.bench network [--sizes 4KiB,256KiB,4MiB] [--paths channel,call,torch]
-        [--repeats 20] [--warmup 5] [--timeout 120] [--out calibration.json]
+        [--repeats 20] [--warmup 5] [--timeout 120] [--address HOST:PORT] [--out calibration.json]
 
 Two bench peers (`testbed.bench.lib.Runner`, N = 2) time messages of each size between ranks 0
 and 1 over each path the strategies' messages take (testbed.config.calibration: a channel
@@ -11,9 +11,9 @@ alpha-beta line t(s) = alpha + s/B is fitted through the medians by least square
 gets every sample, the medians and the fit, and `python -m testbed.run --calibration FILE`
 predicts a real-network run's communication with the alpha and B of its strategy's path.
 
-Where the peers land decides what is measured: on one machine both are on its one Ray node
-(`scope` says "same node"); on a cluster, Ray places them where it has room (the scope names
-both nodes). Numbers are this machine's, under whatever else runs on it: a busy machine
+Where the peers land decides what is measured: first both on one node (`scope` says "same
+node"); then, on a cluster of two nodes or more (`--address`), on two different nodes (the file's
+`inter_node` section, its scope naming both nodes). Numbers are this machine's, under whatever else runs on it: a busy machine
 measures slower paths, and says so (the machine-load line).
 """
 
@@ -41,6 +41,8 @@ def add_arguments(sub: Any) -> None:
     a("--warmup", type=int, default=5, help="untimed messages before them")
     a("--timeout", type=float, default=120.0, help="seconds any remote wait may take")
     a("--out", default=None, help="write the calibration file here (JSON)")
+    a("--address", default=None, help="HOST:PORT of a running Ray cluster (default: a private local Ray); "
+      "with two nodes or more the inter-node paths are measured too")
 
 
 def validate(ns: argparse.Namespace, split: Any, parse_sizes: Any) -> None:
@@ -63,19 +65,53 @@ def validate(ns: argparse.Namespace, split: Any, parse_sizes: Any) -> None:
 
 
 def run_network(ns: argparse.Namespace, prog: str) -> dict[str, Any]:
-    """Measure every (path, size); return the calibration file's content."""
+    """Measure every (path, size) between two actors on one node, and -- when the cluster has two
+    nodes or more -- between two actors on different nodes; return the calibration file's content."""
+    import ray
+
     from testbed.analysis.results import provenance
-    from testbed.bench.lib import Runner
     from testbed.bench.peers import busy_fraction
+    from testbed.config import ClusterConfig
+    from testbed.runtime.cluster import Cluster
+    from testbed.runtime.rayprocs import start_ray, stop_ray
+
+    probe = Cluster(ClusterConfig(timeout_s=ns.timeout, address=ns.address), workers=2, servers=1)
+    probe.precheck_local()
+    busy = busy_fraction(1.0)
+    started = start_ray(probe.address())
+    try:
+        same, scope = _measure(ns, "pack")
+        inter, inter_unfitted = None, {}
+        if Cluster.alive_nodes() > 1:
+            paths, where = _measure(ns, "spread")
+            if where.startswith("across"):
+                inter = ({k: v for k, v in paths.items() if "alpha_s" in v}, where)
+                inter_unfitted = {k: v for k, v in paths.items() if "alpha_s" not in v}
+    finally:
+        if started and ray.is_initialized():
+            stop_ray()
+    doc = calibration_doc({k: v for k, v in same.items() if "alpha_s" in v}, scope, provenance(),
+                          time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), inter_node=inter)
+    doc.update(command=[prog, *ns.argv], busy_before=busy,
+               unfitted={k: v for k, v in same.items() if "alpha_s" not in v})
+    if inter_unfitted:
+        doc["inter_node"]["unfitted"] = inter_unfitted
+    return doc
+
+
+def _measure(ns: argparse.Namespace, placement: str) -> tuple[dict[str, dict[str, Any]], str]:
+    """Every (path, size) between two bench peers placed with `placement` (pack: one node where
+    it fits, spread: two nodes where there are two); the paths and where the peers were."""
+    from testbed.bench.lib import Runner
     from testbed.config import ClusterConfig
     from testbed.runtime.cluster import Cluster
     from testbed.runtime.remote import get
 
-    cluster = Cluster(ClusterConfig(timeout_s=ns.timeout), workers=2, servers=1)
-    cluster.precheck_local()
-    busy = busy_fraction(1.0)
+    cluster = Cluster(ClusterConfig(timeout_s=ns.timeout, address=ns.address, placement=placement),
+                      workers=2, servers=1)
     paths: dict[str, dict[str, Any]] = {}
     with cluster:
+        where = cluster.bundle_nodes()
         runner = Runner(cluster, 2, seed=0, timeout=ns.timeout)
         try:
             nodes = get([p.node_id.remote() for p in runner.peers], ns.timeout, "node ids")
@@ -95,22 +131,28 @@ def run_network(ns: argparse.Namespace, prog: str) -> dict[str, Any]:
                 paths[path] = entry
         finally:
             runner.close()
-    scope = "same node" if nodes[0] == nodes[1] else f"across nodes {nodes[0][:8]} and {nodes[1][:8]}"
-    doc = calibration_doc({k: v for k, v in paths.items() if "alpha_s" in v}, scope, provenance(),
-                          time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    doc.update(command=[prog, *ns.argv], busy_before=busy,
-               unfitted={k: v for k, v in paths.items() if "alpha_s" not in v})
-    return doc
+    scope = ("same node" if nodes[0] == nodes[1] else
+             f"across nodes {where.get(0, nodes[0][:8])} and {where.get(1, nodes[1][:8])}")
+    return paths, scope
 
 
 def report(doc: dict[str, Any]) -> str:
     busy = doc.get("busy_before")
     lines = [f"network between two actors ({doc['scope']})"
              + ("" if busy is None else f"; machine busy before: {busy:.0%}")]
-    for name, entry in {**doc["paths"], **doc.get("unfitted", {})}.items():
+    lines += _path_lines({**doc["paths"], **doc.get("unfitted", {})})
+    if "inter_node" in doc:
+        lines.append(f"network between two actors ({doc['inter_node']['scope']})")
+        lines += _path_lines({**doc["inter_node"]["paths"], **doc["inter_node"].get("unfitted", {})})
+    return "\n".join(lines)
+
+
+def _path_lines(paths: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, entry in paths.items():
         times = ", ".join(f"{format_bytes(s)} {t * 1e6:.0f} us" for s, t in
                           zip(entry["sizes_bytes"], entry["one_way_s"], strict=True))
         fitted = (f"alpha {entry['alpha_s'] * 1e6:.0f} us, bandwidth {entry['bandwidth_Bps'] / 1e9:.3g} GB/s"
                   if "alpha_s" in entry else f"no fit: {entry['fit_error']}")
         lines.append(f"  {name:8s} one-way {times} -> {fitted}")
-    return "\n".join(lines)
+    return lines

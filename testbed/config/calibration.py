@@ -16,8 +16,10 @@ the path its strategy's messages take (`StrategySpec.message_path`):
 
 File format (JSON): {"schema_version": 1, "kind": "testbed-calibration", "created", "scope",
 "provenance", "paths": {PATH: {"alpha_s", "bandwidth_Bps", "sizes_bytes", "one_way_s",
-"one_way_s_p10", "one_way_s_p90", "samples"}}}; `scope` says between which endpoints it was
-measured (two actors on one node, today).
+"one_way_s_p10", "one_way_s_p90", "samples"}}, "inter_node": {"scope", "paths": {...}}};
+`paths` were measured between two actors on one node (`scope` names it), `inter_node` (present
+when the cluster has two nodes or more) between actors on two different nodes. A run whose
+actors span nodes is predicted with the inter-node link.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +66,21 @@ class Calibration:
     path: str
     links: Mapping[str, Link]
     scope: str
+    inter_links: Mapping[str, Link] = field(default_factory=dict)  # measured across two nodes
+    inter_scope: str | None = None
 
-    def describe(self, name: str) -> str:
-        link = self.links[name]
-        return (f"calibration {self.path} ({name}: alpha {link.alpha_s * 1e6:.0f} us, "
-                f"{link.bandwidth_Bps / 1e9:.3g} GB/s, {self.scope})")
+    def link(self, name: str, *, across: bool) -> tuple[Link, str]:
+        """The link of path `name` for a run whose actors span nodes (`across`) or not, and a line
+        saying which measurement it is. A run across nodes with no inter-node measurement gets the
+        same-node link, and the line says so."""
+        if across and name in self.inter_links:
+            link, scope = self.inter_links[name], self.inter_scope
+        else:
+            link, scope = self.links[name], self.scope
+            if across:
+                scope += "; this run spans nodes but the file has no inter-node fit of this path: measure it on the cluster"
+        return link, (f"calibration {self.path} ({name}: alpha {link.alpha_s * 1e6:.0f} us, "
+                      f"{link.bandwidth_Bps / 1e9:.3g} GB/s, {scope})")
 
 
 def load_calibration(path: str) -> Calibration:
@@ -79,8 +91,19 @@ def load_calibration(path: str) -> Calibration:
         raise ValueError(f"cannot read it ({exc}); measure one with {MEASURE}") from None
     if not isinstance(data, dict) or data.get("kind") != KIND or data.get("schema_version") != SCHEMA_VERSION:
         raise ValueError(f"not a calibration file of schema {SCHEMA_VERSION}; measure one with {MEASURE}")
+    links = _links(data.get("paths"))
+    if not links:
+        raise ValueError(f"it holds no measured path; measure one with {MEASURE}")
+    inter = data.get("inter_node") or {}
+    if not isinstance(inter, dict):
+        raise ValueError(f"inter_node is not an object; measure the file again with {MEASURE}")
+    return Calibration(path=str(path), links=links, scope=str(data.get("scope", "unknown")),
+                       inter_links=_links(inter.get("paths")), inter_scope=str(inter.get("scope", "across nodes")))
+
+
+def _links(paths: Any) -> dict[str, Link]:
     links = {}
-    for name, entry in (data.get("paths") or {}).items():
+    for name, entry in (paths or {}).items():
         try:
             link = Link(float(entry["alpha_s"]), float(entry["bandwidth_Bps"]))
         except (KeyError, TypeError, ValueError):
@@ -90,13 +113,16 @@ def load_calibration(path: str) -> Calibration:
             raise ValueError(f"path {name!r}: alpha {link.alpha_s} s, bandwidth {link.bandwidth_Bps} B/s; "
                              f"expected one of {', '.join(PATHS)} with alpha >= 0 and bandwidth > 0")
         links[name] = link
-    if not links:
-        raise ValueError(f"it holds no measured path; measure one with {MEASURE}")
-    return Calibration(path=str(path), links=links, scope=str(data.get("scope", "unknown")))
+    return links
 
 
 def calibration_doc(paths: Mapping[str, Mapping[str, Any]], scope: str,
-                    provenance: Mapping[str, Any], created: str) -> dict[str, Any]:
-    """The file's content from the measured paths (each with its fit and samples)."""
-    return {"schema_version": SCHEMA_VERSION, "kind": KIND, "created": created, "scope": scope,
-            "provenance": dict(provenance), "paths": {k: dict(v) for k, v in paths.items()}}
+                    provenance: Mapping[str, Any], created: str,
+                    inter_node: tuple[Mapping[str, Mapping[str, Any]], str] | None = None) -> dict[str, Any]:
+    """The file's content from the measured paths (each with its fit and samples), and the
+    inter-node paths with their scope when two nodes were measured."""
+    doc = {"schema_version": SCHEMA_VERSION, "kind": KIND, "created": created, "scope": scope,
+           "provenance": dict(provenance), "paths": {k: dict(v) for k, v in paths.items()}}
+    if inter_node is not None:
+        doc["inter_node"] = {"scope": inter_node[1], "paths": {k: dict(v) for k, v in inter_node[0].items()}}
+    return doc

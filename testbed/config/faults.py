@@ -5,6 +5,8 @@ SPEC is `none` or one or more items joined by ';':
     server=0,at=20         kill PS shard 0 when it is about to apply version 20
     hang:worker=1,at=5     worker 1 stops answering at its iteration 5 (treated as dead)
     nan:worker=3,at=7      worker 3 returns a NaN gradient at its iteration 7
+    sent:worker=1,at=4     worker 1 dies right after its iteration-4 gradient reached the
+                           servers, before it reports back (a machine lost mid-step; PS only)
 
 What a fault does, and how runs recover, is `testbed.emulation.faults`.
 """
@@ -15,12 +17,12 @@ from dataclasses import dataclass
 
 from testbed.config.items import Items
 
-KINDS = ("kill", "hang", "nan")
+KINDS = ("kill", "hang", "nan", "sent")
 
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # kill / hang / nan
+    kind: str  # kill / hang / nan / sent
     target: str  # worker / server
     index: int
     at: int
@@ -39,7 +41,7 @@ def _parse_item(item: str) -> Fault:
     if not sep:
         kind, rest = "kill", item
     if kind not in KINDS:
-        raise _bad(item, f"unknown fault kind {kind!r} (use kill, hang or nan)")
+        raise _bad(item, f"unknown fault kind {kind!r} (use kill, hang, nan or sent)")
     fields: dict[str, str] = {}
     for part in rest.split(","):
         key, eq, value = part.strip().partition("=")

@@ -69,6 +69,10 @@ def validate(cfg: RunConfig, specs: Mapping[str, Any]) -> RunConfig:
     _validate_out(cfg.out)
     if cfg.cluster.address is not None and not cfg.cluster.address.strip():
         fail("cluster.address", cfg.cluster.address, "use 'auto' or HOST:PORT of a running Ray head")
+    for f in cfg.faults.fail.items:
+        if f.target == "worker" and f.kind not in spec.fault_kinds:
+            fail("faults.fail", f.to_text(), f"--strategy {cfg.strategy} workers cannot fire '{f.kind}' "
+                 f"faults; use one of {', '.join(spec.fault_kinds)}")
     spec.validate(cfg)
     return cfg
 

@@ -340,8 +340,11 @@ class ShardActor:
         completed the version when this gradient counted towards it, else here."""
         t0 = time.time()
         st = self.parts[part]
-        # sync: the version this push helps make; async: whatever is newest now
-        params, version, waited = st.pull(version_read + 1 if self.sync else 0, timeout, epoch)
+        # sync: the version this push helps make; async, or a gradient that did not count: whatever
+        # is newest now. (A duplicate -- an iteration redone by a worker that died after its push
+        # landed -- must not wait for version_read + 1: that version needs this worker's *next*
+        # gradient, which it cannot send before this reply: a deadlock.)
+        params, version, waited = st.pull(version_read + 1 if self.sync and counted else 0, timeout, epoch)
         if waited > 0.0005:
             self._span("wait", t0, t0 + waited)
         key = (part, version_read + 1, worker)

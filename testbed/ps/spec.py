@@ -38,6 +38,8 @@ SUMMARY_KEYS = {
     "grad_bytes_logical": "bytes: the logical gradient K",
     "ps_shards": "count: server actors S (--ps-shards or --ps-servers)",
     "ps_partitions": "count: partitions M the parameters are cut into (testbed.ps.partition)",
+    "workers_unreported": "list: workers whose actor was gone when the run ended (a lost node); "
+                          "their NIC figures are left out",
     "ps_partition_bytes": "bytes: logical size of the largest partition",
     "ps_placement": "dedicated (servers on machines of their own) or colocated (server i on worker i's)",
     "nic_ingress_bytes_per_step": "map NIC -> logical bytes it received per model update (worker i's NIC "
@@ -53,6 +55,7 @@ SUMMARY_KEYS = {
 
 
 class PSSpec(StrategySpec):
+    fault_kinds = ("kill", "hang", "nan", "sent")  # sent: dies once its push reached the servers
     family = "ps"
     runner = "testbed.ps.strategy:ParameterServer"
     summary_keys = SUMMARY_KEYS

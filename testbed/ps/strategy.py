@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed.emulation.faults import NonFiniteGradient, ServerLost
+from testbed.emulation.faults import NonFiniteGradient, RestartsExhausted, ServerLost
 from testbed.optim import optimizer_for
 from testbed.ps.partition import partition
 from testbed.ps.schedule import Schedule
@@ -96,6 +96,7 @@ class ParameterServer(Strategy):
         self.t_run = time.time()
         self._pending_updates: dict[int, dict[str, Any]] = {}
         self._next_version = 1
+        self._stall_version, self._stalls = 1, 0  # recoveries in a row without progress (_recover)
         recorder.evaluate(0, self._snapshot(0))
         while True:
             if self._next_version - 1 + len(self._pending_updates) < cfg.steps:
@@ -143,14 +144,29 @@ class ParameterServer(Strategy):
         self._recover(recorder, type(cause).__name__)
 
     def _recover(self, recorder: Recorder, cause: str) -> None:
-        """Something hangs or a shard died: revive shards (rolling all back), then workers."""
+        """Something hangs or a shard died: revive shards (rolling all back), then workers.
+
+        A recovery that finds nobody to revive and is followed by no model update is a stall;
+        past max(1, --max-restarts) stalls in a row the run stops with the reason (a wait that
+        nothing can end must not be retried forever)."""
         t0 = time.time()
         revived = self.shard_live.revive()
         if revived:
             self._rollback(recorder, revived, cause, t0)
-        for r in self.worker_live.find_dead():
+        dead = self.worker_live.find_dead()
+        for r in dead:
             self._revive_worker(r, t0, cause)
+        before = self._next_version
         self._fill_updates(recorder)
+        if revived or dead or self._next_version > before or self._next_version != self._stall_version:
+            self._stall_version, self._stalls = self._next_version, 0
+            return
+        self._stalls += 1
+        if self._stalls > max(1, self.config.faults.max_restarts):
+            raise RestartsExhausted(
+                f"{self.config.strategy}: no model update after version {self._next_version - 1} in "
+                f"{self._stalls} --timeout windows ({self.config.cluster.timeout_s:g} s each, last cause "
+                f"{cause}) and no actor to revive; the run stops")
 
     def _revive_worker(self, r: int, t0: float, cause: str) -> None:
         """Wait for worker r's restart in the main loop, so that the others go on meanwhile."""
@@ -240,7 +256,7 @@ class ParameterServer(Strategy):
     def summary_extra(self) -> dict[str, Any]:
         t = self.config.cluster.timeout_s
         stats = remote.get([s.stats.remote() for s in self.shards], t, "server stats")
-        nics = remote.get([w.nic_stats.remote() for w in self.workers], t, "worker NICs")
+        nics = remote.get_each([w.nic_stats.remote() for w in self.workers], t, "worker NICs")
         steps = max(1, max(s["version"] for s in stats))
         wall = max(1e-9, time.time() - self.t_run)
         return {
@@ -253,6 +269,7 @@ class ParameterServer(Strategy):
             "server_egress_bytes_per_step": [s["bytes_out"] / steps for s in stats],
             "endpoint_late_s": sum(s["late_s"] for s in stats),
             **self._links(stats, nics, steps, wall),
+            "workers_unreported": [r for r, w in enumerate(nics) if w is None],
         }
 
     def _links(self, stats: list[dict[str, Any]], nics: list[dict[str, Any]], steps: int,
@@ -260,6 +277,8 @@ class ParameterServer(Strategy):
         """Bytes through each NIC per model update, and how busy the busiest one was."""
         ingress, egress = {}, {}
         for r, w in enumerate(nics):
+            if w is None:  # its actor is gone (a lost node): no figure rather than a made-up one
+                continue
             ingress[f"worker{r}"], egress[f"worker{r}"] = w["bytes_in"] / steps, w["bytes_out"] / steps
         for i, s in enumerate(stats):
             name = f"worker{i}" if self.colocated else f"ps{i}"  # a colocated server's NIC is its worker's
@@ -273,7 +292,11 @@ class ParameterServer(Strategy):
                 "bottleneck_nic": busiest, "bottleneck_busy_frac": busy}
 
     def parameters(self) -> dict[str, np.ndarray]:
-        held = remote.get([s.get_params.remote() for s in self.shards], self.config.cluster.timeout_s, "params")
+        held = remote.get_each([s.get_params.remote() for s in self.shards], self.config.cluster.timeout_s, "params")
+        if None in held:
+            raise ServerLost(f"PS shard {held.index(None)} is gone (its process or node was lost) and its "
+                             "final parameters with it; the records are kept (--checkpoint-every K keeps "
+                             "checkpoints on disk)")
         flat = np.concatenate([held[self.parts.server_of[p]][p] for p in range(self.parts.count)])
         return unflatten(flat, self.layout)
 

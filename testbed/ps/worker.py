@@ -145,6 +145,8 @@ class PSWorker(WorkerBase):
         grad, info = self.compute(iteration)
         t_pushing = time.time()
         acks, sent = self._push(grad, versions, iteration, info["loss"], epoch, timeout if pull_after else None)
+        if self.dies_once_sent:  # --fail sent:worker=R,at=I: the servers have it, the driver never hears
+            os._exit(1)
         self.held = None
         if pull_after and all("pull" in a for a in acks):
             back = [a.pop("pull") for a in acks]

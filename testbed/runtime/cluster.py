@@ -35,8 +35,13 @@ class ResourcePlan:
 def plan_resources(
     *, workers: int, servers: int, total_cpus: float, total_gpus: float, total_memory: float,
     device: str, cpus_per_worker: float | None, torch_workers: bool,
+    node_cpus: list[float] | None = None, colocated: bool = False,
 ) -> ResourcePlan:
-    """Decide each actor's share; raise ConfigError naming the flag when the cluster is short."""
+    """Decide each actor's share; raise ConfigError naming the flag when the cluster is short.
+
+    The share is the largest that lets every actor's bundle fit on some node (`node_cpus`, one
+    entry per node; None: one node of `total_cpus`): 5 actors on two 2-CPU nodes get 0.666, not
+    4/5 = 0.8, which no node could hold three of. Colocated servers double their worker's bundle."""
     if device == "cuda" and total_gpus < 1:
         raise ConfigError("--device 'cuda': the cluster has no GPU; use --device cpu (or auto)")
     resolved = "cuda" if device == "cuda" or (device == "auto" and total_gpus >= 1) else "cpu"
@@ -50,8 +55,8 @@ def plan_resources(
             f"use at most {max(1, fit - servers)} workers or add nodes (--address)"
         )
     if cpus_per_worker is None:
-        share = min(1.0, total_cpus / actors)
-        share = math.floor(share / RAY_GRANULARITY) * RAY_GRANULARITY
+        units = [2] * min(servers, workers) + [1] * (workers - min(servers, workers)) if colocated else [1] * actors
+        share = packable_share(units, node_cpus or [total_cpus], min(1.0, total_cpus / actors))
         if share < RAY_GRANULARITY:
             raise ConfigError(f"--workers {workers}: too many actors for {total_cpus:g} CPUs; use fewer workers")
         cpw = cps = share
@@ -70,6 +75,29 @@ def plan_resources(
     return ResourcePlan(cpw, cps, gpw, resolved)
 
 
+def packable_share(units: list[int], node_cpus: list[float], cap: float) -> float:
+    """The largest CPU share s <= cap (a multiple of Ray's granularity) such that bundles of
+    u * s CPUs (u in `units`) fit the nodes, first-fit by decreasing size; 0 if none does."""
+    def fits(share: float) -> bool:
+        free = sorted(node_cpus, reverse=True)
+        for u in sorted(units, reverse=True):
+            for j, room in enumerate(free):
+                if u * share <= room + 1e-9:
+                    free[j] = room - u * share
+                    break
+            else:
+                return False
+        return True
+
+    # the best share fills some node exactly with k bundle units: try each c/k below the cap
+    candidates = sorted({min(cap, c / k) for c in node_cpus for k in range(1, 2 * len(units) + 1)}, reverse=True)
+    for share in candidates:
+        share = math.floor(share / RAY_GRANULARITY) * RAY_GRANULARITY
+        if share >= RAY_GRANULARITY and fits(share):
+            return share
+    return 0.0
+
+
 def local_machine() -> dict[str, float]:
     """CPUs, GPUs and memory of this machine, without starting Ray."""
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -81,6 +109,15 @@ def local_machine() -> dict[str, float]:
     except ImportError:
         pass
     return {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus), "memory": float(mem) * 0.7}
+
+
+def node_labels(nodes: list[dict[str, Any]]) -> dict[str, str]:
+    """Ray node id -> how records name the node: its IP address, with the id's first 6 hex
+    digits after a slash where several live nodes share one address (raylets on one host)."""
+    alive = [n for n in nodes if n.get("Alive")]
+    ips = [n.get("NodeManagerAddress", "?") for n in alive]
+    return {n["NodeID"]: ip if ips.count(ip) == 1 else f"{ip}/{n['NodeID'][:6]}"
+            for n, ip in zip(alive, ips, strict=True)}
 
 
 class Cluster:
@@ -110,11 +147,11 @@ class Cluster:
         m = local_machine()
         return self._plan(m["CPU"], m["GPU"], m["memory"])
 
-    def _plan(self, cpus: float, gpus: float, memory: float) -> ResourcePlan:
+    def _plan(self, cpus: float, gpus: float, memory: float, node_cpus: list[float] | None = None) -> ResourcePlan:
         return plan_resources(
             workers=self.workers, servers=self.servers, total_cpus=cpus, total_gpus=gpus,
             total_memory=memory, device=self.cfg.device, cpus_per_worker=self.cfg.cpus_per_worker,
-            torch_workers=self.torch_workers,
+            torch_workers=self.torch_workers, node_cpus=node_cpus, colocated=self.colocated,
         )
 
     def start(self) -> Cluster:
@@ -124,7 +161,9 @@ class Cluster:
             self.precheck_local()
             self.started_ray = start_ray(self.address())
         res = ray.cluster_resources()
-        self.plan = self._plan(res.get("CPU", 0.0), res.get("GPU", 0.0), res.get("memory", 0.0) or 1e12)
+        node_cpus = [float(n["Resources"].get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")]
+        self.plan = self._plan(res.get("CPU", 0.0), res.get("GPU", 0.0), res.get("memory", 0.0) or 1e12,
+                               [c for c in node_cpus if c > 0] or None)
         self._reserve()
         return self
 
@@ -169,6 +208,29 @@ class Cluster:
                 placement_group=self.pg, placement_group_bundle_index=index
             ),
         }
+
+    def bundle_nodes(self) -> dict[int, str]:
+        """Bundle i (worker i, then the dedicated servers) -> the Ray node it sits on
+        (`node_labels`), from the placement group's table: asked of Ray at each call, so a bundle
+        moved after its node was lost shows its new node."""
+        import ray
+        from ray.util.placement_group import placement_group_table
+
+        if self.pg is None:
+            return {}
+        where = placement_group_table(self.pg).get("bundles_to_node_id") or {}
+        labels = node_labels(ray.nodes())
+        return {int(i): labels.get(node, node[:8]) for i, node in where.items()}
+
+    def worker_nodes(self) -> dict[int, str]:
+        """Worker i -> its node (see `bundle_nodes`)."""
+        return {i: n for i, n in self.bundle_nodes().items() if i < self.workers}
+
+    @staticmethod
+    def alive_nodes() -> int:
+        import ray
+
+        return sum(bool(n.get("Alive")) for n in ray.nodes())
 
     @property
     def device(self) -> str:

@@ -7,6 +7,11 @@ and token authentication left on. Ray 2.60 offers no loopback-only binding (it r
 127.0.0.1 to the node's address and its gRPC servers listen on every interface), so the token
 is what guards the local instance; we never turn it off. With --address (or RAY_ADDRESS) the same
 code attaches to a running cluster and never makes this node listen anywhere.
+
+Attaching with an explicit address, Ray sends a token only when RAY_AUTH_MODE=token is set (it
+does not guess for an explicit address); so when a token is available -- RAY_AUTH_TOKEN,
+RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, as on every node of a cluster that has token
+authentication on -- and the mode is unset, `start_ray` sets it (`use_token_if_available`).
 """
 
 from __future__ import annotations
@@ -142,6 +147,25 @@ class RayMessages:
         ray_worker.print_to_stdstream = cls.write  # the raylet-message thread prints through it
 
 
+def token_available() -> bool:
+    """Whether this process holds a Ray authentication token (where Ray looks for one)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    return os.path.isfile(path) and os.path.getsize(path) > 0
+
+
+def use_token_if_available() -> None:
+    """RAY_AUTH_MODE=token when it is unset and a token is available (see the module docstring);
+    a mode the user set is kept (`disabled` attaches to a cluster without authentication)."""
+    if "RAY_AUTH_MODE" in os.environ or not token_available():
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    from ray._raylet import Config
+
+    Config.initialize("")  # Ray caches its config: read the mode again, as Ray does when it sets it
+
+
 def start_ray(address: str | None, *, flag: str = "--address", num_cpus: int | None = None) -> bool:
     """Start a private local Ray (address None and no RAY_ADDRESS) or attach to a running one;
     return True if this call started or attached it (the caller then stops it), False if Ray was
@@ -168,6 +192,7 @@ def start_ray(address: str | None, *, flag: str = "--address", num_cpus: int | N
             ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **common)
         return True
     check_reachable(address)
+    use_token_if_available()
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "ray-connect.log")
         try:

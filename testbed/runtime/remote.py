@@ -37,6 +37,18 @@ def get(refs: Any, timeout: float, what: str) -> Any:
         ) from None
 
 
+def get_each(refs: list[Any], timeout: float, what: str) -> list[Any]:
+    """Each ref's value, None where its actor is dead or unreachable (a node lost after the run's
+    last update): for what a finished run gathers from its actors, which must not fail the run."""
+    out = []
+    for ref in refs:
+        try:
+            out.append(get(ref, timeout, what))
+        except (ray.exceptions.RayActorError, RemoteTimeout):
+            out.append(None)
+    return out
+
+
 def root_cause(exc: BaseException) -> BaseException:
     """The exception an actor raised, under Ray's wrappers (a RayTaskError's cause, recursively:
     an actor that calls another actor wraps that one's error again)."""

@@ -73,6 +73,7 @@ class WorkerBase:
         self.endpoint = Endpoint(config.network, self.actor)
         self.hung = False
         self.faults = FaultPlan(config.faults.fail.items, "worker", rank, restarted=restarted())
+        self.dies_once_sent = False  # a `sent` fault fired this iteration (the strategy ends the process)
         self.nan = NanPolicy(config.faults.on_nan)
         self.logical_factor = self.workload.logical_bytes / (self.workload.numel * 4)
         # mapreduce / PS gradients leave compressed (the ring family compresses per bucket itself)
@@ -116,6 +117,9 @@ class WorkerBase:
     def inject(self, iteration: int) -> str | None:
         """Fire this iteration's injected fault: kill or hang here; 'nan' is returned to poison."""
         kind = self.faults.due(iteration)
+        if kind == "sent":  # fired by the strategy once the iteration's messages are out
+            self.dies_once_sent = True
+            return None
         if kind == "kill":
             os._exit(1)  # a process death, as a crash or `kill PID` would cause
         if kind == "hang":

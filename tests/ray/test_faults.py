@@ -32,6 +32,24 @@ def test_killed_worker_is_restarted_and_result_equals_no_fault_run(strategy):
     assert len(out["updates"]) == cfg.steps
 
 
+def test_worker_lost_after_its_push_landed_is_not_counted_twice_nor_waited_for():
+    # the death a lost machine causes: the shard applied worker 1's iteration-2 gradient, the
+    # driver never heard. The redone iteration is a duplicate at the shard; its reply must not
+    # wait for a version that needs this very worker's next gradient (that deadlocked)
+    cfg = make_config(strategy="ps-sync", workers=3, steps=6, **FAST, **{"faults.fail": "sent:worker=1,at=2"})
+    t0 = time.monotonic()
+    out = run_strategy(cfg)
+    assert _kinds(out) == ["worker-restart"]
+    assert time.monotonic() - t0 < 2 * cfg.cluster.timeout_s  # no timeout was waited out
+    np.testing.assert_allclose(out["flat"], reference_training(cfg), rtol=1e-4, atol=1e-5)
+    assert list(out["updates"]["version"]) == list(range(1, cfg.steps + 1))
+
+
+def test_a_sent_fault_is_refused_where_workers_cannot_fire_it():
+    with pytest.raises(Exception, match="cannot fire 'sent'"):
+        make_config(strategy="ring", workers=3, **{"faults.fail": "sent:worker=1,at=2"})
+
+
 def test_async_keeps_applying_while_a_worker_restarts():
     cfg = make_config(strategy="ps-async", workers=3, steps=150,
                       **{**FAST, "faults.fail": "worker=0,at=2", "workload.compute_ms": 50.0})

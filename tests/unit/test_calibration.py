@@ -38,7 +38,27 @@ def test_a_file_round_trips_and_names_its_paths(tmp_path):
                              "call": {"alpha_s": 2e-3, "bandwidth_Bps": 1e9}})
     cal = load_calibration(path)
     assert cal.links == {"channel": Link(5e-5, 4e9), "call": Link(2e-3, 1e9)}
-    assert cal.describe("call") == f"calibration {path} (call: alpha 2000 us, 1 GB/s, same node)"
+    assert cal.link("call", across=False) == (
+        Link(2e-3, 1e9), f"calibration {path} (call: alpha 2000 us, 1 GB/s, same node)")
+    link, said = cal.link("call", across=True)  # no inter-node measurement: said so
+    assert link == Link(2e-3, 1e9) and "no inter-node fit" in said
+
+
+def test_a_run_across_nodes_takes_the_inter_node_link(tmp_path):
+    same = {"channel": {"alpha_s": 5e-5, "bandwidth_Bps": 4e9}}
+    doc = calibration_doc(same, "same node", {}, "2026-01-01T00:00:00Z",
+                          inter_node=({"channel": {"alpha_s": 1e-3, "bandwidth_Bps": 1e8}},
+                                      "across nodes 10.0.0.1 and 10.0.0.2"))
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(doc))
+    cal = load_calibration(str(path))
+    assert cal.link("channel", across=False)[0] == Link(5e-5, 4e9)
+    link, said = cal.link("channel", across=True)
+    assert link == Link(1e-3, 1e8) and said.endswith("across nodes 10.0.0.1 and 10.0.0.2)")
+    doc["inter_node"]["paths"]["channel"]["bandwidth_Bps"] = -1
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="bandwidth > 0"):
+        load_calibration(str(path))
 
 
 @pytest.mark.parametrize(("paths", "over", "needle"), [

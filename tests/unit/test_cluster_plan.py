@@ -3,7 +3,13 @@
 import pytest
 
 from testbed.config import ConfigError
-from testbed.runtime.cluster import ACTOR_MEMORY_TORCH, RAY_GRANULARITY, plan_resources
+from testbed.runtime.cluster import (
+    ACTOR_MEMORY_TORCH,
+    RAY_GRANULARITY,
+    node_labels,
+    packable_share,
+    plan_resources,
+)
 
 GIB = 2**30
 
@@ -77,3 +83,42 @@ def test_colocated_servers_share_their_workers_bundles():
     dedicated = Cluster(ClusterConfig(), workers=4, servers=2)
     dedicated.plan = c.plan
     assert [dedicated._bundle(i)["CPU"] for i in range(6)] == pytest.approx([share] * 6)
+
+
+def _fits(units, nodes, share):
+    """Trivially correct reference: try every assignment of bundles to nodes."""
+    import itertools
+
+    for where in itertools.product(range(len(nodes)), repeat=len(units)):
+        load = [0.0] * len(nodes)
+        for u, n in zip(units, where, strict=True):
+            load[n] += u * share
+        if all(load[n] <= nodes[n] + 1e-9 for n in range(len(nodes))):
+            return True
+    return False
+
+
+@pytest.mark.parametrize(("units", "nodes"), [
+    ([1] * 5, [2, 2]), ([1] * 4, [2, 2]), ([2, 2, 1, 1], [2, 2]), ([1] * 7, [2, 2, 2]),
+    ([1] * 6, [4, 1, 1]), ([2, 1, 1, 1], [1.5, 3]), ([1] * 3, [2]),
+])
+def test_the_share_is_the_largest_every_bundle_fits_on_some_node(units, nodes):
+    cap = min(1.0, sum(nodes) / sum(units))
+    share = packable_share(units, nodes, cap)
+    assert 0 < share <= cap and _fits(units, nodes, share)
+    finer = share + 10 * RAY_GRANULARITY  # a visibly larger share fits no assignment (or passes the cap)
+    assert finer > cap or not _fits(units, nodes, finer)
+
+
+def test_five_actors_on_two_2_cpu_nodes_get_two_thirds_not_four_fifths():
+    p = plan(workers=4, servers=1, total_cpus=4, node_cpus=[2.0, 2.0])
+    assert p.cpus_per_worker == pytest.approx(2 / 3, abs=RAY_GRANULARITY)
+
+
+def test_nodes_are_named_by_address_unless_two_share_one():
+    nodes = [{"NodeID": "aa" * 28, "NodeManagerAddress": "10.0.0.1", "Alive": True},
+             {"NodeID": "bb" * 28, "NodeManagerAddress": "10.0.0.2", "Alive": True},
+             {"NodeID": "cc" * 28, "NodeManagerAddress": "10.0.0.2", "Alive": True},
+             {"NodeID": "dd" * 28, "NodeManagerAddress": "10.0.0.3", "Alive": False}]
+    assert node_labels(nodes) == {"aa" * 28: "10.0.0.1", "bb" * 28: "10.0.0.2/bbbbbb",
+                                  "cc" * 28: "10.0.0.2/cccccc"}

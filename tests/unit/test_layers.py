@@ -32,7 +32,7 @@ LAYERS = [
     {"ps", "mapreduce", "allreduce", "gossip"},
     {"registry", "reference"},
     {"session", "interrupts", "evaluation"},
-    {"run", "sweep", "sweepcheck", "sweepspec", "bench", "docs", "__main__", "__init__"},
+    {"run", "sweep", "sweepcheck", "sweepspec", "bench", "docs", "nscluster", "__main__", "__init__"},
 ]
 STRATEGY_PACKAGES = LAYERS[6]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}

@@ -160,3 +160,35 @@ def test_a_huge_grid_at_a_terminal_needs_yes(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "300 runs" in err and "--yes" in err
     assert not (tmp_path / "huge").exists()
+
+
+def test_each_step_names_its_workers_node_and_a_fault_asks_again():
+    from testbed.records import step_record
+
+    where = {0: "10.0.0.1", 1: "10.0.0.2"}
+    asked = []
+    rec = Recorder()
+    rec.locate(lambda: asked.append(1) or dict(where))
+    report = {"t_start": 0.0, "compute_s": 0.1, "comm_s": 0.0, "bytes_sent": 0, "bytes_recv": 0,
+              "samples": 1, "loss": 1.0, "injected_delay_s": 0.0}
+    for w in (0, 1, 0):
+        rec.step(step_record("r", "ring", w, 0, report, version_read=0, version_applied=1, wait_s=0.0))
+    assert [s["node"] for s in rec.steps] == ["10.0.0.1", "10.0.0.2", "10.0.0.1"] and len(asked) == 1
+    where[1] = "10.0.0.3"  # worker 1 lost its node and was restarted on another
+    rec.fault("worker-restart", "worker1", 1, 0.0, 1.0)
+    rec.step(step_record("r", "ring", 1, 1, report, version_read=1, version_applied=2, wait_s=0.0))
+    assert rec.steps[-1]["node"] == "10.0.0.3" and len(asked) == 2
+
+
+def test_the_sent_fault_parses_and_only_ps_workers_fire_it():
+    from testbed.config import ConfigError, from_dict, validate
+    from testbed.config.faults import Fault, format_faults, parse_faults
+    from testbed.registry import SPECS
+
+    faults = parse_faults("sent:worker=1,at=4")
+    assert faults == (Fault("sent", "worker", 1, 4),) and format_faults(faults) == "sent:worker=1,at=4"
+    with pytest.raises(ValueError, match="workers only"):
+        parse_faults("sent:server=0,at=4")
+    validate(from_dict({"strategy": "ps-async", "workers": 2, "faults": {"fail": "sent:worker=1,at=4"}}), SPECS)
+    with pytest.raises(ConfigError, match="mapreduce workers cannot fire 'sent'"):
+        validate(from_dict({"strategy": "mapreduce", "workers": 2, "faults": {"fail": "sent:worker=1,at=4"}}), SPECS)

@@ -35,6 +35,7 @@ def no_git(monkeypatch):
 
 def recorder_with_records():
     rec = Recorder()
+    rec.locate(lambda: {0: "10.0.0.1", 1: "10.0.0.2"})
     for it in range(2):
         for w in range(2):
             rec.step(StepRecord(

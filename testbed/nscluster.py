@@ -1,0 +1,283 @@
+"""A real multi-node Ray cluster on one Linux machine: each node in a network namespace of its own.
+
+    python -m testbed.nscluster up [--nodes 3] [--cpus 2] [--name tbns]   # prints the address
+    python -m testbed.nscluster run -- python -m testbed.run --address 10.77.0.1:6379 ...
+    python -m testbed.nscluster kill-node 2                                 # a node is lost
+    python -m testbed.nscluster revive-node 2                               # ... and replaced
+    python -m testbed.nscluster down
+
+Needs root (namespaces and veth links). The network it builds, all inside namespaces it creates:
+
+    namespace NAME-sw:   bridge br0 ---+------------+------------+
+                                       |            |            |
+    namespace NAME-0:    eth0 10.77.0.1 (head)   NAME-1: 10.77.0.2   NAME-2: 10.77.0.3
+
+Every node runs `ray start --block` in its namespace, with its own temp folder, so its raylet,
+object store and workers are its own and talk to the others over the veth links (TCP, as across
+machines). Drivers run inside the head's namespace (`run`). Node loss (`kill-node`) SIGKILLs
+every process in the node's namespace at once, as a machine that dies; `down` ends every node and
+removes the namespaces. Nothing is sent outside these namespaces.
+
+Token authentication stays on: `up` writes a fresh token to `/tmp/NAME/auth_token` (mode 600)
+and every node and every driver started by `run` gets RAY_AUTH_MODE=token and
+RAY_AUTH_TOKEN_PATH pointing at it (`env`): the namespaces share the machine's file system, as
+machines of a real cluster would share a copied file. Outside `run`, export the two variables
+that `python -m testbed.nscluster env` prints. The cluster's description (address, nodes,
+namespaces) is `/tmp/NAME/cluster.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SUBNET = "10.77.0"
+PORT = 6379
+
+
+def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, check=check)
+
+
+def state_path(name: str) -> Path:
+    return Path("/tmp") / name / "cluster.json"
+
+
+def load(name: str) -> dict[str, Any]:
+    path = state_path(name)
+    if not path.exists():
+        raise SystemExit(f"testbed.nscluster: error: no cluster {name!r} is up (no {path}); "
+                         f"start one with python -m testbed.nscluster up --name {name}")
+    return json.loads(path.read_text())
+
+
+def available() -> str | None:
+    """None when namespaces can be made here, else why not (one line)."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    probe = f"tbns-probe-{os.getpid()}"
+    out = _sh("ip", "netns", "add", probe, check=False)
+    if out.returncode != 0:
+        return f"ip netns add failed: {(out.stderr or out.stdout).strip()[:120]}"
+    _sh("ip", "netns", "del", probe, check=False)
+    return None
+
+
+def token_path(name: str) -> Path:
+    return Path("/tmp") / name / "auth_token"
+
+
+def env(name: str) -> dict[str, str]:
+    """The environment every node and driver of cluster `name` runs with (token authentication)."""
+    return {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path(name))}
+
+
+def _write_token(name: str) -> None:
+    from ray._private.authentication.authentication_token_generator import (
+        generate_new_authentication_token,
+    )
+
+    path = token_path(name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(generate_new_authentication_token())
+
+
+def _ns(ns: str, *args: str) -> subprocess.CompletedProcess:
+    return _sh("ip", "netns", "exec", ns, *args)
+
+
+def build_network(name: str, nodes: int) -> list[dict[str, str]]:
+    """The switch namespace with its bridge, and one namespace per node linked to it."""
+    sw = f"{name}-sw"
+    _sh("ip", "netns", "add", sw)
+    _ns(sw, "ip", "link", "add", "br0", "type", "bridge")
+    _ns(sw, "ip", "link", "set", "br0", "up")
+    out = []
+    for i in range(nodes):
+        ns, ip = f"{name}-{i}", f"{SUBNET}.{i + 1}"
+        _sh("ip", "netns", "add", ns)
+        here, there = f"{name}{i}n", f"{name}{i}s"
+        _sh("ip", "link", "add", here, "type", "veth", "peer", "name", there)
+        _sh("ip", "link", "set", here, "netns", ns)
+        _sh("ip", "link", "set", there, "netns", sw)
+        _ns(ns, "ip", "link", "set", here, "name", "eth0")
+        _ns(ns, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
+        _ns(ns, "ip", "link", "set", "eth0", "up")
+        _ns(ns, "ip", "link", "set", "lo", "up")
+        _ns(sw, "ip", "link", "set", there, "master", "br0")
+        _ns(sw, "ip", "link", "set", there, "up")
+        out.append({"ns": ns, "ip": ip})
+    return out
+
+
+def start_node(name: str, node: dict[str, str], head: str | None, cpus: float, log: Path) -> int:
+    """`ray start --block` in the node's namespace (its own session folder); returns its pid."""
+    temp = Path("/tmp") / name / node["ns"]
+    temp.mkdir(parents=True, exist_ok=True)
+    role = (["--head", f"--port={PORT}", "--include-dashboard=false"] if head is None
+            else [f"--address={head}"])
+    cmd = ["ip", "netns", "exec", node["ns"], sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
+           *role, f"--node-ip-address={node['ip']}", f"--num-cpus={cpus:g}", f"--temp-dir={temp}",
+           "--disable-usage-stats"]
+    fh = open(log, "ab")
+    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env(name))
+    return proc.pid
+
+
+def wait_nodes(name: str, head_ns: str, address: str, count: int, timeout: float) -> None:
+    """Until the head sees `count` live nodes (a driver in the head's namespace asks)."""
+    code = ("import ray, sys, time\n"
+            f"ray.init(address={address!r}, configure_logging=False, log_to_driver=False)\n"
+            "deadline = time.time() + float(sys.argv[1])\n"
+            f"while sum(n['Alive'] for n in ray.nodes()) < {count} and time.time() < deadline:\n"
+            "    time.sleep(0.5)\n"
+            "print(sum(n['Alive'] for n in ray.nodes()))\n")
+    deadline = time.time() + timeout
+    while True:
+        out = subprocess.run(["ip", "netns", "exec", head_ns, sys.executable, "-c", code, str(timeout)],
+                             capture_output=True, text=True, env=env(name))
+        alive = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+        if alive == str(count):
+            return
+        if time.time() > deadline:
+            raise RuntimeError(f"the cluster has {alive or 'no'} live nodes of {count} after {timeout:g} s "
+                               f"(logs in /tmp/{name}/): {out.stderr.strip()[-300:]}")
+        time.sleep(1.0)
+
+
+def up(name: str, nodes: int, cpus: float, timeout: float = 120.0) -> dict[str, Any]:
+    if state_path(name).exists():
+        raise SystemExit(f"testbed.nscluster: error: cluster {name!r} is already up; "
+                         f"python -m testbed.nscluster down --name {name} first")
+    why = available()
+    if why:
+        raise SystemExit(f"testbed.nscluster: error: {why}")
+    (Path("/tmp") / name).mkdir(parents=True, exist_ok=True)
+    _write_token(name)
+    net = build_network(name, nodes)
+    address = f"{net[0]['ip']}:{PORT}"
+    state = {"name": name, "address": address, "nodes": net, "cpus": cpus}
+    state_path(name).write_text(json.dumps(state, indent=2))
+    try:
+        for i, node in enumerate(net):
+            node["pid"] = start_node(name, node, None if i == 0 else address, cpus,
+                                     Path("/tmp") / name / f"{node['ns']}.log")
+            if i == 0:
+                wait_nodes(name, net[0]["ns"], address, 1, timeout)
+            state_path(name).write_text(json.dumps(state, indent=2))
+        wait_nodes(name, net[0]["ns"], address, nodes, timeout)
+    except BaseException:
+        down(name)
+        raise
+    return state
+
+
+def kill_node(name: str, index: int) -> list[int]:
+    """SIGKILL every process in node `index`'s namespace at once (a machine that dies)."""
+    ns = load(name)["nodes"][index]["ns"]
+    pids = [int(p) for p in _sh("ip", "netns", "pids", ns, check=False).stdout.split()]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def revive_node(name: str, index: int, timeout: float = 120.0) -> None:
+    """Start node `index` again after `kill_node` (a replacement machine joins the cluster)."""
+    state = load(name)
+    if index == 0:
+        raise SystemExit("testbed.nscluster: error: node 0 is the head; a lost head is a new cluster "
+                         f"(python -m testbed.nscluster down --name {name}, then up)")
+    node = state["nodes"][index]
+    kill_node_ns(node["ns"])
+    node["pid"] = start_node(name, node, state["address"], state["cpus"], Path("/tmp") / name / f"{node['ns']}.log")
+    state_path(name).write_text(json.dumps(state, indent=2))
+    wait_nodes(name, state["nodes"][0]["ns"], state["address"], len(state["nodes"]), timeout)
+
+
+def down(name: str, grace: float = 5.0) -> None:
+    """End every node (SIGTERM, then SIGKILL what is left) and remove the namespaces."""
+    path = state_path(name)
+    state = json.loads(path.read_text()) if path.exists() else {"nodes": []}
+    namespaces = [n["ns"] for n in state["nodes"]]
+    for ns in namespaces:
+        for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.time() + grace
+    while time.time() < deadline and any(_sh("ip", "netns", "pids", ns, check=False).stdout.strip()
+                                         for ns in namespaces):
+        time.sleep(0.2)
+    for ns in namespaces:
+        kill_node_ns(ns)
+    for ns in [*namespaces, f"{name}-sw"]:
+        _sh("ip", "netns", "del", ns, check=False)
+    path.unlink(missing_ok=True)
+    token_path(name).unlink(missing_ok=True)
+
+
+def kill_node_ns(ns: str) -> None:
+    for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_in_head(name: str, argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
+    """A command inside the head node's namespace (a driver: testbed.run, testbed.sweep, ...)."""
+    head = load(name)["nodes"][0]["ns"]
+    return subprocess.run(["ip", "netns", "exec", head, *argv], **{"env": env(name), **kwargs})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m testbed.nscluster", description=__doc__.split("\n")[0])
+    p.add_argument("--name", default="tbns", help="namespace prefix and /tmp folder (default: tbns)")
+    sub = p.add_subparsers(dest="command", required=True)
+    u = sub.add_parser("up", help="build the namespaces and start a Ray node in each")
+    u.add_argument("--nodes", type=int, default=3)
+    u.add_argument("--cpus", type=float, default=2.0, help="CPUs each node offers Ray")
+    k = sub.add_parser("kill-node", help="SIGKILL every process of one node")
+    k.add_argument("index", type=int)
+    v = sub.add_parser("revive-node", help="start a killed node again")
+    v.add_argument("index", type=int)
+    sub.add_parser("down", help="stop every node and remove the namespaces")
+    sub.add_parser("env", help="print the exports a driver needs (token authentication)")
+    r = sub.add_parser("run", help="run a command in the head node's namespace")
+    r.add_argument("cmd", nargs=argparse.REMAINDER)
+    ns = p.parse_args(argv)
+    if ns.command == "up":
+        if not 1 <= ns.nodes <= 200:
+            print(f"testbed.nscluster: error: --nodes {ns.nodes}: use 1..200", file=sys.stderr)
+            return 2
+        state = up(ns.name, ns.nodes, ns.cpus)
+        print(state["address"])
+    elif ns.command == "kill-node":
+        print(len(kill_node(ns.name, ns.index)))
+    elif ns.command == "revive-node":
+        revive_node(ns.name, ns.index)
+    elif ns.command == "down":
+        down(ns.name)
+    elif ns.command == "env":
+        load(ns.name)
+        print(f"export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={token_path(ns.name)}")
+    else:
+        cmd = ns.cmd[1:] if ns.cmd[:1] == ["--"] else ns.cmd
+        return run_in_head(ns.name, cmd).returncode
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
