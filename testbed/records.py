@@ -145,7 +145,7 @@ class Recorder:
     def _node_of(self, worker: int) -> str | None:
         if self._locate is None:
             return None
-        if self._nodes is None or worker not in self._nodes:
+        if self._nodes is None:  # once, and again after a fault: never per step
             try:
                 self._nodes = self._locate()
             except Exception:  # noqa: BLE001 - a node that cannot be told is null, the step is kept
