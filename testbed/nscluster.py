@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,6 +47,10 @@ def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), capture_output=True, text=True, check=check)
 
 
+class UsageError(Exception):
+    """Bad input or state: main prints it in one line and exits 2."""
+
+
 def state_path(name: str) -> Path:
     return Path("/tmp") / name / "cluster.json"
 
@@ -53,7 +58,7 @@ def state_path(name: str) -> Path:
 def load(name: str) -> dict[str, Any]:
     path = state_path(name)
     if not path.exists():
-        raise SystemExit(f"testbed.nscluster: error: no cluster {name!r} is up (no {path}); "
+        raise UsageError(f"no cluster {name!r} is up (no {path}); "
                          f"start one with python -m testbed.nscluster up --name {name}")
     return json.loads(path.read_text())
 
@@ -155,11 +160,11 @@ def wait_nodes(name: str, head_ns: str, address: str, count: int, timeout: float
 
 def up(name: str, nodes: int, cpus: float, timeout: float = 120.0) -> dict[str, Any]:
     if state_path(name).exists():
-        raise SystemExit(f"testbed.nscluster: error: cluster {name!r} is already up; "
+        raise UsageError(f"cluster {name!r} is already up; "
                          f"python -m testbed.nscluster down --name {name} first")
     why = available()
     if why:
-        raise SystemExit(f"testbed.nscluster: error: {why}")
+        raise UsageError(why)
     (Path("/tmp") / name).mkdir(parents=True, exist_ok=True)
     _write_token(name)
     net = build_network(name, nodes)
@@ -196,7 +201,7 @@ def revive_node(name: str, index: int, timeout: float = 120.0) -> None:
     """Start node `index` again after `kill_node` (a replacement machine joins the cluster)."""
     state = load(name)
     if index == 0:
-        raise SystemExit("testbed.nscluster: error: node 0 is the head; a lost head is a new cluster "
+        raise UsageError("node 0 is the head; a lost head is a new cluster "
                          f"(python -m testbed.nscluster down --name {name}, then up)")
     node = state["nodes"][index]
     kill_node_ns(node["ns"])
@@ -258,10 +263,24 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="run a command in the head node's namespace")
     r.add_argument("cmd", nargs=argparse.REMAINDER)
     ns = p.parse_args(argv)
+    try:
+        return _command(ns)
+    except UsageError as exc:
+        print(f"testbed.nscluster: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _command(ns: argparse.Namespace) -> int:
+    if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", ns.name):
+        raise UsageError(f"--name {ns.name!r}: use 1-8 lower-case letters and digits, starting with a "
+                         "letter (interface names are limited to 15 characters)")
+    if ns.command in ("kill-node", "revive-node"):
+        count = len(load(ns.name)["nodes"])
+        if not 0 <= ns.index < count:
+            raise UsageError(f"node {ns.index}: cluster {ns.name!r} has nodes 0..{count - 1}")
     if ns.command == "up":
         if not 1 <= ns.nodes <= 200:
-            print(f"testbed.nscluster: error: --nodes {ns.nodes}: use 1..200", file=sys.stderr)
-            return 2
+            raise UsageError(f"--nodes {ns.nodes}: use 1..200")
         state = up(ns.name, ns.nodes, ns.cpus)
         print(state["address"])
     elif ns.command == "kill-node":

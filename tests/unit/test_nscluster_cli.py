@@ -1,0 +1,19 @@
+"""The namespace cluster's command line refuses bad input in one line, exit 2, before it builds
+anything (the cluster itself is tests/cluster)."""
+
+import pytest
+
+from testbed.nscluster import main
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["up", "--nodes", "0"], "--nodes 0: use 1..200"),
+    (["--name", "Bad_Name", "down"], "--name 'Bad_Name'"),
+    (["--name", "waytoolongname", "up"], "1-8 lower-case letters"),
+    (["--name", "tbnone", "kill-node", "1"], "no cluster 'tbnone' is up"),
+    (["--name", "tbnone", "env"], "no cluster 'tbnone' is up"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and needle in err
