@@ -137,10 +137,11 @@ class Recorder:
         self._locate: Callable[[], Mapping[int, str]] | None = None
         self._nodes: Mapping[int, str] | None = None  # worker -> node, asked again after a fault
 
-    def locate(self, where: Callable[[], Mapping[int, str]]) -> None:
+    def locate(self, where: Callable[[], Mapping[int, str]], known: Mapping[int, str] | None = None) -> None:
         """Fill each step's `node` from `where()` (worker -> Ray node, the run's placement); it is
-        asked once, and again after every fault (a restarted worker may land elsewhere)."""
-        self._locate, self._nodes = where, None
+        asked once (not at all while `known` holds the answer), and again after every fault (a
+        restarted worker may land elsewhere)."""
+        self._locate, self._nodes = where, known
 
     def _node_of(self, worker: int) -> str | None:
         if self._locate is None:

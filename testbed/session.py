@@ -124,9 +124,10 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
             bar = _progress(cfg)
             recorder = Recorder(sink=log, on_update=(lambda _u: bar.update(1)) if bar else None,
                                 max_skipped=cfg.faults.max_skipped)
-            recorder.locate(cluster.worker_nodes)  # each step's `node`
+            placed = cluster.bundle_nodes()  # asked of Ray once here, again only after a fault
+            recorder.locate(cluster.worker_nodes, known={i: n for i, n in placed.items() if i < cfg.workers})
             recorder.extra["cluster_nodes"] = cluster.alive_nodes()
-            recorder.extra["actor_nodes"] = len(set(cluster.bundle_nodes().values()))
+            recorder.extra["actor_nodes"] = len(set(placed.values()))
             evaluator = Evaluator(cfg, recorder, on_result=_show_eval(bar))
             evaluator.attach()  # held-out evaluations, off the critical path (testbed.evaluation)
         strategy = spec.create(cfg, cluster, run_id=run_id, workdir=str(folder.path))
