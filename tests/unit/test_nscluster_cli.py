@@ -12,6 +12,8 @@ from testbed.nscluster import main
     (["--name", "waytoolongname", "up"], "1-8 lower-case letters"),
     (["--name", "tbnone", "kill-node", "1"], "no cluster 'tbnone' is up"),
     (["--name", "tbnone", "env"], "no cluster 'tbnone' is up"),
+    (["env", "--name", "tbnone"], "no cluster 'tbnone' is up"),  # the name after the command, too
+    (["down", "--name", "Bad_Name"], "--name 'Bad_Name'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
     assert main(argv) == 2
