@@ -141,8 +141,9 @@ STARTED = b"Ray runtime started."
 
 
 def start_node(name: str, node: dict[str, str], head: str | None, cpus: float, log: Path,
-               store_mb: int = OBJECT_STORE_MB) -> int:
-    """`ray start --block` in the node's namespace (its own session folder); returns its pid."""
+               store_mb: int = OBJECT_STORE_MB) -> subprocess.Popen:
+    """`ray start --block` in the node's namespace (its own session folder); it runs until a Ray
+    process of the node dies or the node is ended."""
     temp = Path("/tmp") / name / node["ns"]
     temp.mkdir(parents=True, exist_ok=True)
     role = (["--head", f"--port={PORT}", "--include-dashboard=false"] if head is None
@@ -151,16 +152,16 @@ def start_node(name: str, node: dict[str, str], head: str | None, cpus: float, l
            *role, f"--node-ip-address={node['ip']}", f"--num-cpus={cpus:g}", f"--temp-dir={temp}",
            f"--object-store-memory={store_mb * 2**20}", "--disable-usage-stats"]
     fh = open(log, "ab")
-    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+    return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**env(name), **HEALTH_CHECKS})
-    return proc.pid
 
 
-def wait_started(log: Path, pid: int, timeout: float) -> None:
-    """Until `ray start` says the node runs (its log's STARTED line), cheaper than a driver's poll."""
+def wait_started(log: Path, proc: subprocess.Popen, timeout: float, before: int = 0) -> None:
+    """Until `ray start` says the node runs (a STARTED line in its log beyond the `before` there
+    were already), cheaper than a driver's poll."""
     deadline = time.time() + timeout
-    while STARTED not in log.read_bytes():
-        if time.time() > deadline or not Path(f"/proc/{pid}").exists():
+    while log.read_bytes().count(STARTED) <= before:
+        if time.time() > deadline or proc.poll() is not None:
             tail = log.read_text(errors="replace").strip().splitlines()[-6:]
             raise RuntimeError(f"ray start did not start a node within {timeout:g} s; {log} ends:\n  "
                                + "\n  ".join(tail))
@@ -220,14 +221,33 @@ def up(name: str, nodes: int, cpus: float, timeout: float = 120.0) -> dict[str, 
     address = f"{net[0]['ip']}:{PORT}"
     state = {"name": name, "address": address, "nodes": net, "cpus": cpus}
     state_path(name).write_text(json.dumps(state, indent=2))
+    procs: dict[int, subprocess.Popen] = {}
+
+    def start(i: int) -> Path:
+        log = Path("/tmp") / name / f"{net[i]['ns']}.log"
+        procs[i] = start_node(name, net[i], None if i == 0 else address, cpus, log)
+        net[i]["pid"] = procs[i].pid
+        state_path(name).write_text(json.dumps(state, indent=2))
+        return log
+
     try:
-        for i, node in enumerate(net):  # the head first; then the others, all at once
-            log = Path("/tmp") / name / f"{node['ns']}.log"
-            node["pid"] = start_node(name, node, None if i == 0 else address, cpus, log)
-            state_path(name).write_text(json.dumps(state, indent=2))
-            if i == 0:
-                wait_started(log, node["pid"], timeout)
-        wait_nodes(name, net[0]["ns"], address, nodes, timeout)
+        wait_started(start(0), procs[0], timeout)  # the head first; then the others, all at once
+        for i in range(1, nodes):
+            start(i)
+        deadline, restarted = time.time() + timeout, set()
+        while True:
+            try:
+                wait_nodes(name, net[0]["ns"], address, nodes, max(5.0, min(30.0, deadline - time.time())))
+                break
+            except RuntimeError:
+                # a node whose `ray start` ended while joining (its raylet died: the log says why)
+                # is started once more, as a machine that failed to boot is rebooted
+                dead = {i for i, proc in procs.items() if proc.poll() is not None}
+                if not dead or 0 in dead or dead & restarted or time.time() > deadline:
+                    raise
+                for i in sorted(dead):
+                    start(i)
+                restarted |= dead
     except BaseException:
         down(name)
         raise
@@ -254,8 +274,14 @@ def revive_node(name: str, index: int, timeout: float = 120.0) -> None:
                          f"(python -m testbed.nscluster down --name {name}, then up)")
     node = state["nodes"][index]
     kill_node_ns(node["ns"])
-    node["pid"] = start_node(name, node, state["address"], state["cpus"], Path("/tmp") / name / f"{node['ns']}.log")
+    log = Path("/tmp") / name / f"{node['ns']}.log"
+    before = log.read_bytes().count(STARTED) if log.exists() else 0
+    proc = start_node(name, node, state["address"], state["cpus"], log)
+    node["pid"] = proc.pid
     state_path(name).write_text(json.dumps(state, indent=2))
+    # the new node first, then the count: the lost one stays "alive" to the head until its health
+    # checks fail (HEALTH_CHECKS), so the count alone could be the old node's
+    wait_started(log, proc, timeout, before=before)
     wait_nodes(name, state["nodes"][0]["ns"], state["address"], len(state["nodes"]), timeout)
 
 

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,11 @@ def cluster():
     why = nscluster.available()
     if why:
         pytest.skip(f"a namespace cluster needs network namespaces: {why}")
-    state = nscluster.up(NAME, nodes=3, cpus=2.0)
+    try:
+        state = nscluster.up(NAME, nodes=3, cpus=2.0)
+    except RuntimeError as first:  # a node that did not come up: said, and built once more
+        warnings.warn(f"the namespace cluster did not come up, building it again: {first}", stacklevel=1)
+        state = nscluster.up(NAME, nodes=3, cpus=2.0)
     try:
         yield state
     finally:
