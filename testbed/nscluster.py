@@ -285,7 +285,7 @@ def revive_node(name: str, index: int, timeout: float = 120.0) -> None:
     wait_nodes(name, state["nodes"][0]["ns"], state["address"], len(state["nodes"]), timeout)
 
 
-def down(name: str, grace: float = 5.0) -> None:
+def down(name: str, grace: float = 2.0) -> None:
     """End every node (SIGTERM, then SIGKILL what is left) and remove the namespaces."""
     path = state_path(name)
     state = json.loads(path.read_text()) if path.exists() else {"nodes": []}
