@@ -23,9 +23,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.ray)
             if "own_ray" not in item.keywords:
                 item.fixturenames.insert(0, "ray_up")  # every Ray test shares the session's Ray
-    # the two-node test takes the session's Ray down: run it last, so nothing has to start it again
-    last = [item for item in items if item.nodeid.startswith("tests/ray/test_multinode.py")]
-    items[:] = [item for item in items if item not in last] + last
+    # the two-node test takes the session's Ray down: run it late, so nothing has to start it
+    # again; the namespace cluster last, alone on the machine (not beside the reliability batch,
+    # which starts its processes when collection ends and would slow the cluster's start 3-fold)
+    late = [item for item in items if item.nodeid.startswith("tests/ray/test_multinode.py")]
+    last = [item for item in items if item.nodeid.startswith("tests/cluster/")]
+    items[:] = [item for item in items if item not in late and item not in last] + late + last
     if not any("gpu" in item.keywords for item in items):
         return
     try:

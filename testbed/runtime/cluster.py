@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,13 +244,28 @@ class Cluster:
             try:
                 from ray.util.placement_group import remove_placement_group
 
+                held = sum(b.get("CPU", 0.0) for b in self.pg.bundle_specs)
+                free = ray.available_resources().get("CPU", 0.0)
                 remove_placement_group(self.pg)
+                self._wait_released(held, free)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
             self.pg = None
         if self.started_ray and ray.is_initialized():
             stop_ray()
             self.started_ray = False
+
+    @staticmethod
+    def _wait_released(held: float, free: float, timeout: float = 5.0) -> None:
+        """Until the CPUs the group held are free again, as the scheduler sees them (at most
+        `timeout`: other jobs may take them meanwhile). Removal is asynchronous, and the next run
+        of a sweep placed while one node still held the last run's bundles was seen spread over
+        two of three nodes (Ray's SPREAD prefers free nodes; it does not wait for them)."""
+        import ray
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and ray.available_resources().get("CPU", 0.0) < free + held - 1e-6:
+            time.sleep(0.05)
 
     def daemons_alive(self) -> bool:
         """Whether the Ray this cluster started still has its GCS and raylet processes."""
