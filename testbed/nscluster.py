@@ -56,6 +56,10 @@ class UsageError(Exception):
     """Bad input or state: main prints it in one line and exits 2."""
 
 
+class RayletDied(RuntimeError):
+    """A node's raylet (Ray's own daemon) died while the cluster came up; says its log's end."""
+
+
 def state_path(name: str) -> Path:
     return Path("/tmp") / name / "cluster.json"
 
@@ -185,8 +189,10 @@ def wait_nodes(name: str, head_ns: str, address: str, count: int, timeout: float
         if alive == str(count):
             return
         if time.time() > deadline:
-            raise RuntimeError(f"the cluster has {alive or 'no'} live nodes of {count} after {timeout:g} s "
-                               f"(logs in /tmp/{name}/): {out.stderr.strip()[-300:]}{raylet_deaths(name)}")
+            deaths = raylet_deaths(name)
+            raise (RayletDied if deaths else RuntimeError)(
+                f"the cluster has {alive or 'no'} live nodes of {count} after {timeout:g} s "
+                f"(logs in /tmp/{name}/): {out.stderr.strip()[-300:]}{deaths}")
         time.sleep(1.0)
 
 
