@@ -41,7 +41,7 @@ def with_repeats(spec: Spec, args: argparse.Namespace) -> Spec:
 def baseline_for_check(spec: Spec, args: argparse.Namespace) -> dict[str, Any]:
     """The baseline --check compares with, refused before Ray if it cannot apply here."""
     from testbed.analysis.baseline import load_baseline, machine_change
-    from testbed.analysis.results import provenance
+    from testbed.analysis.provenance import provenance
 
     try:
         data = load_baseline(args.baseline)
@@ -67,7 +67,7 @@ def update_baseline(spec: Spec, sweep_dir: Path, path: Path, code: int, quiet: b
               file=sys.stderr)
         return code
     from testbed.analysis import baseline
-    from testbed.analysis.results import provenance
+    from testbed.analysis.provenance import provenance
 
     meta = {"spec": spec_dict(spec), "spec_file": str(spec.path), "provenance": provenance()}
     if meta["provenance"].get("git_dirty"):
@@ -88,7 +88,7 @@ def check_sweep(spec: Spec, sweep_dir: Path, data: Mapping[str, Any], baseline_p
                 quiet: bool, table: pd.DataFrame | None = None) -> int:
     """Compare the sweep's curves (or TABLE's) with DATA; write the report; 0 pass, 1 drift."""
     from testbed.analysis import baseline, regression
-    from testbed.analysis.results import provenance
+    from testbed.analysis.provenance import provenance
 
     table = baseline.load_sweep(sweep_dir) if table is None else table
     try:

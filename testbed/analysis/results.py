@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import secrets
-import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,6 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from testbed.analysis.provenance import provenance
 from testbed.records import EVAL_COLUMNS, EVENT_COLUMNS, STEP_COLUMNS, UPDATE_COLUMNS, Recorder
 
 SCHEMA_VERSION = 1
@@ -182,54 +180,6 @@ def read_log(path: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
             elif kind in plural:
                 out[plural[kind]].append(row)
     return out
-
-
-def provenance() -> dict[str, Any]:
-    """Git commit + dirty flag, package versions and the machine, for config.json."""
-    info: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
-                            "arch": platform.machine(), "cpu_count": os.cpu_count(),
-                            "cpu_model": _cpu_model(), "memory_gib": _memory_gib()}
-    from importlib.metadata import PackageNotFoundError, version
-
-    for mod in ("ray", "torch", "numpy", "pandas"):
-        try:  # the installed version, without importing the package (torch takes seconds)
-            info[mod] = version(mod)
-        except PackageNotFoundError:
-            info[mod] = None
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    info["git_commit"] = git("rev-parse", "HEAD")
-    # --no-optional-locks: never take index.lock, so a run cannot break the user's git command.
-    status = git("--no-optional-locks", "status", "--porcelain", "--untracked-files=no")
-    info["git_dirty"] = None if status is None else bool(status)
-    return info
-
-
-def _cpu_model() -> str | None:
-    """The CPU's model name (Linux /proc/cpuinfo; elsewhere platform.processor() or None)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-def _memory_gib() -> int | None:
-    """Physical memory, whole GiB (rounded: VMs of one size differ by a few MiB)."""
-    try:
-        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
-    return round(pages * size / 2**30)
 
 
 class RunFolder:

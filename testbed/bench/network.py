@@ -69,7 +69,7 @@ def run_network(ns: argparse.Namespace, prog: str) -> dict[str, Any]:
     nodes or more -- between two actors on different nodes; return the calibration file's content."""
     import ray
 
-    from testbed.analysis.results import provenance
+    from testbed.analysis.provenance import provenance
     from testbed.bench.peers import busy_fraction
     from testbed.config import ClusterConfig
     from testbed.runtime.cluster import Cluster

@@ -150,7 +150,7 @@ def _baseline_of(tmp_path, spec_path, mode="emulated", prov=PROV):
     ("too-few-repeats", "--repeats 2: a baseline needs at least 3 repeats"),
 ])
 def test_check_refuses_bad_input_before_ray(tmp_path, capsys, case, needle):
-    from testbed.analysis.results import provenance
+    from testbed.analysis.provenance import provenance
     from testbed.sweep import main
 
     spec = _spec_file(tmp_path)
@@ -171,7 +171,7 @@ def test_check_refuses_bad_input_before_ray(tmp_path, capsys, case, needle):
 def test_allow_machine_change_accepts_a_real_baseline_of_another_machine(tmp_path):
     import argparse
 
-    from testbed.analysis.results import provenance
+    from testbed.analysis.provenance import provenance
     from testbed.sweepcheck import baseline_for_check
     from testbed.sweepspec import load_spec
 

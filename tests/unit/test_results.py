@@ -11,6 +11,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from testbed.analysis import provenance as prov
 from testbed.analysis import results
 from testbed.analysis.metrics import summarize
 from testbed.analysis.results import (
@@ -202,8 +203,8 @@ def test_provenance_without_git(monkeypatch):
         calls.append(args)
         raise OSError("git not installed")
 
-    monkeypatch.setattr(results.subprocess, "run", no_git)
-    info = results.provenance()
+    monkeypatch.setattr(prov.subprocess, "run", no_git)
+    info = prov.provenance()
     assert info["git_commit"] is None and info["git_dirty"] is None
     assert info["numpy"] == np.__version__ and info["cpu_count"] >= 1
     assert len(calls) == 2
@@ -220,8 +221,8 @@ def test_provenance_dirty_flag_and_no_index_lock(monkeypatch):
         out = "abc123\n" if "rev-parse" in args else " M testbed/config.py\n"
         return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
 
-    monkeypatch.setattr(results.subprocess, "run", fake_git)
-    info = results.provenance()
+    monkeypatch.setattr(prov.subprocess, "run", fake_git)
+    info = prov.provenance()
     assert info["git_commit"] == "abc123" and info["git_dirty"] is True
     status = next(c for c in calls if "status" in c)
     assert "--no-optional-locks" in status  # a run must never race the user's git for index.lock
