@@ -247,7 +247,8 @@ class Cluster:
                 held = sum(b.get("CPU", 0.0) for b in self.pg.bundle_specs)
                 free = ray.available_resources().get("CPU", 0.0)
                 remove_placement_group(self.pg)
-                self._wait_released(held, free)
+                if not self.started_ray:  # (a Ray this run started stops right after)
+                    self._wait_released(held, free)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
             self.pg = None
