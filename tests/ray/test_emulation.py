@@ -21,7 +21,9 @@ def test_server_placement_follows_the_model_and_the_byteps_argument():
     four servers colocated with the workers (their NICs carry the servers' traffic too). Each run
     meets its own prediction (testbed.analysis.psmodel) within 10% plus what the run measured
     leaking past the emulator, and the three keep the model's order: 4 dedicated < 4 colocated
-    < 1 dedicated."""
+    < 1 dedicated (the measured order where the model's gap is wider than the two runs'
+    tolerances: 4 dedicated and 4 colocated are a few percent apart, within what a busy machine
+    blurs)."""
     base = {**NET, "ps.partition_mb": 1.0, "network.dilation": 2.0}
     runs = {name: run_strategy(make_config(strategy="ps-sync", workers=4, steps=3, **base, **extra))["summary"]
             for name, extra in (("one", {}), ("dedicated", {"ps.servers": 4}),
@@ -30,8 +32,19 @@ def test_server_placement_follows_the_model_and_the_byteps_argument():
         assert s["ps_partitions"] == 10 and s["ps_placement"] == ("colocated" if name == "colocated" else "dedicated")
         tol = 0.10 + s["emulation_leak_frac"]
         assert s["comm_s_per_step"] == pytest.approx(s["predicted_comm_s"], rel=tol), (name, s)
-    measured = [runs[n]["comm_s_per_step"] for n in ("dedicated", "colocated", "one")]
-    assert measured == sorted(measured), measured
+    order = ("dedicated", "colocated", "one")
+    predicted = [runs[n]["predicted_comm_s"] for n in order]
+    assert predicted == sorted(predicted), predicted
+    checked = []
+    for i, a in enumerate(order):
+        for b in order[i + 1:]:
+            ra, rb = runs[a], runs[b]
+            blur = ((0.10 + ra["emulation_leak_frac"]) * ra["predicted_comm_s"]
+                    + (0.10 + rb["emulation_leak_frac"]) * rb["predicted_comm_s"])
+            if rb["predicted_comm_s"] - ra["predicted_comm_s"] > blur:
+                assert ra["comm_s_per_step"] < rb["comm_s_per_step"], (a, b, ra, rb)
+                checked.append((a, b))
+    assert ("dedicated", "one") in checked  # the BytePS argument's pair is always resolved
     # the busiest NIC: the lone server's, a worker's NIC with its colocated server
     assert runs["one"]["bottleneck_nic"] == "ps0"
     assert runs["colocated"]["bottleneck_nic"].startswith("worker")
