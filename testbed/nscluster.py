@@ -108,6 +108,22 @@ def _ns(ns: str, *args: str) -> subprocess.CompletedProcess:
     return _sh("ip", "netns", "exec", ns, *args)
 
 
+def ns_pids(ns: str) -> list[int]:
+    """Every process in namespace `ns` (empty once it has none, or is gone)."""
+    return [int(p) for p in _sh("ip", "netns", "pids", ns, check=False).stdout.split()]
+
+
+def signal_ns(ns: str, sig: int) -> list[int]:
+    """Send `sig` to every process in namespace `ns` at once; the pids it reached."""
+    pids = ns_pids(ns)
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
 def build_network(name: str, nodes: int) -> list[dict[str, str]]:
     """The switch namespace with its bridge, and one namespace per node linked to it."""
     sw = f"{name}-sw"
@@ -196,7 +212,7 @@ def wait_nodes(name: str, head_ns: str, address: str, count: int, timeout: float
         time.sleep(1.0)
 
 
-def _cmdline(pid: str) -> str:
+def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
@@ -208,7 +224,7 @@ def raylet_deaths(name: str) -> str:
     said = []
     for log in sorted((Path("/tmp") / name).glob("*/session_latest/logs/raylet.out")):
         ns = log.parts[3]
-        if not any("raylet/raylet" in _cmdline(pid) for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split()):
+        if not any("raylet/raylet" in _cmdline(pid) for pid in ns_pids(ns)):
             tail = log.read_text(errors="replace").strip().splitlines()[-6:]
             said.append(f"\n{ns}: raylet is not running; {log} ends:\n  " + "\n  ".join(tail))
     return "".join(said)
@@ -262,14 +278,7 @@ def up(name: str, nodes: int, cpus: float, timeout: float = 120.0) -> dict[str, 
 
 def kill_node(name: str, index: int) -> list[int]:
     """SIGKILL every process in node `index`'s namespace at once (a machine that dies)."""
-    ns = load(name)["nodes"][index]["ns"]
-    pids = [int(p) for p in _sh("ip", "netns", "pids", ns, check=False).stdout.split()]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return pids
+    return signal_ns(load(name)["nodes"][index]["ns"], signal.SIGKILL)
 
 
 def revive_node(name: str, index: int, timeout: float = 120.0) -> None:
@@ -279,7 +288,7 @@ def revive_node(name: str, index: int, timeout: float = 120.0) -> None:
         raise UsageError("node 0 is the head; a lost head is a new cluster "
                          f"(python -m testbed.nscluster down --name {name}, then up)")
     node = state["nodes"][index]
-    kill_node_ns(node["ns"])
+    signal_ns(node["ns"], signal.SIGKILL)
     log = Path("/tmp") / name / f"{node['ns']}.log"
     before = log.read_bytes().count(STARTED) if log.exists() else 0
     proc = start_node(name, node, state["address"], state["cpus"], log)
@@ -297,29 +306,16 @@ def down(name: str, grace: float = 2.0) -> None:
     state = json.loads(path.read_text()) if path.exists() else {"nodes": []}
     namespaces = [n["ns"] for n in state["nodes"]]
     for ns in namespaces:
-        for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split():
-            try:
-                os.kill(int(pid), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        signal_ns(ns, signal.SIGTERM)
     deadline = time.time() + grace
-    while time.time() < deadline and any(_sh("ip", "netns", "pids", ns, check=False).stdout.strip()
-                                         for ns in namespaces):
+    while time.time() < deadline and any(ns_pids(ns) for ns in namespaces):
         time.sleep(0.2)
     for ns in namespaces:
-        kill_node_ns(ns)
+        signal_ns(ns, signal.SIGKILL)
     for ns in [*namespaces, f"{name}-sw"]:
         _sh("ip", "netns", "del", ns, check=False)
     path.unlink(missing_ok=True)
     token_path(name).unlink(missing_ok=True)
-
-
-def kill_node_ns(ns: str) -> None:
-    for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def run_in_head(name: str, argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess:

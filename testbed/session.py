@@ -126,7 +126,7 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
                                 max_skipped=cfg.faults.max_skipped)
             placed = cluster.bundle_nodes()  # asked of Ray once here, again only after a fault
             recorder.locate(cluster.worker_nodes, known={i: n for i, n in placed.items() if i < cfg.workers})
-            recorder.extra["cluster_nodes"] = cluster.alive_nodes()
+            recorder.extra["cluster_nodes"] = cluster.nodes_at_start
             recorder.extra["actor_nodes"] = len(set(placed.values()))
             evaluator = Evaluator(cfg, recorder, on_result=_show_eval(bar))
             evaluator.attach()  # held-out evaluations, off the critical path (testbed.evaluation)

@@ -132,6 +132,7 @@ class Cluster:
         self.started_ray = False
         self.pg: Any = None
         self.plan: ResourcePlan | None = None
+        self.nodes_at_start = 0
 
     def address(self) -> str | None:
         return self.cfg.address or os.environ.get("RAY_ADDRESS") or None
@@ -163,6 +164,7 @@ class Cluster:
             self.started_ray = start_ray(self.address())
         res = ray.cluster_resources()
         node_cpus = [float(n["Resources"].get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")]
+        self.nodes_at_start = len(node_cpus)  # live nodes when this run was placed
         self.plan = self._plan(res.get("CPU", 0.0), res.get("GPU", 0.0), res.get("memory", 0.0) or 1e12,
                                [c for c in node_cpus if c > 0] or None)
         self._reserve()
