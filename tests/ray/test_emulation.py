@@ -5,6 +5,8 @@ are tests/ray/test_regression.py's. Tolerances are ratios within one run, widene
 run measured leaking past the emulator (`emulation_leak_frac`).
 """
 
+import math
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,14 @@ SYN = {"workload.name": "synthetic", "workload.compute_ms": 0.0, "workload.grad_
 NET = {**SYN, "network.bandwidth": "1Gbit", "network.latency": "50us"}
 
 
+def _placements(dilation: float) -> dict:
+    """The summaries of the three placements at one dilation."""
+    base = {**NET, "ps.partition_mb": 1.0, "network.dilation": dilation}
+    return {name: run_strategy(make_config(strategy="ps-sync", workers=4, steps=3, **base, **extra))["summary"]
+            for name, extra in (("one", {}), ("dedicated", {"ps.servers": 4}),
+                                ("colocated", {"ps.servers": 4, "ps.placement": "colocated"}))}
+
+
 def test_server_placement_follows_the_model_and_the_byteps_argument():
     """N = 4 workers, 10 partitions of a 10 MiB gradient at 1 Gbit/s: one dedicated server, four
     dedicated servers (each worker's NIC carries K out and K in, overlapped: the BytePS case) and
@@ -23,15 +33,22 @@ def test_server_placement_follows_the_model_and_the_byteps_argument():
     leaking past the emulator, and the three keep the model's order: 4 dedicated < 4 colocated
     < 1 dedicated (the measured order where the model's gap is wider than the two runs'
     tolerances: 4 dedicated and 4 colocated are a few percent apart, within what a busy machine
-    blurs)."""
-    base = {**NET, "ps.partition_mb": 1.0, "network.dilation": 2.0}
-    runs = {name: run_strategy(make_config(strategy="ps-sync", workers=4, steps=3, **base, **extra))["summary"]
-            for name, extra in (("one", {}), ("dedicated", {"ps.servers": 4}),
-                                ("colocated", {"ps.servers": 4, "ps.placement": "colocated"}))}
+    blurs).
+
+    At --dilation 2 this machine's own cost per message (20 actor calls per worker per step, which
+    no delivery is late for) can already be ~10% of the emulated step; where a run measures more
+    than half the tolerance above its model, the three run again at the dilation that leaves half
+    (the excess is a fixed real cost: dilating D' / D times divides its share by that)."""
+    dilation = 2.0
+    runs = _placements(dilation)
+    excess = max(s["emulation_fidelity"] - 1 for s in runs.values())
+    if excess > 0.05:
+        dilation = min(16.0, math.ceil(dilation * excess / 0.05))
+        runs = _placements(dilation)
     for name, s in runs.items():
         assert s["ps_partitions"] == 10 and s["ps_placement"] == ("colocated" if name == "colocated" else "dedicated")
         tol = 0.10 + s["emulation_leak_frac"]
-        assert s["comm_s_per_step"] == pytest.approx(s["predicted_comm_s"], rel=tol), (name, s)
+        assert s["comm_s_per_step"] == pytest.approx(s["predicted_comm_s"], rel=tol), (name, dilation, s)
     order = ("dedicated", "colocated", "one")
     predicted = [runs[n]["predicted_comm_s"] for n in order]
     assert predicted == sorted(predicted), predicted
@@ -44,7 +61,7 @@ def test_server_placement_follows_the_model_and_the_byteps_argument():
             if rb["predicted_comm_s"] - ra["predicted_comm_s"] > blur:
                 assert ra["comm_s_per_step"] < rb["comm_s_per_step"], (a, b, ra, rb)
                 checked.append((a, b))
-    assert ("dedicated", "one") in checked  # the BytePS argument's pair is always resolved
+    assert ("dedicated", "one") in checked, runs  # the BytePS argument's pair is always resolved
     # the busiest NIC: the lone server's, a worker's NIC with its colocated server
     assert runs["one"]["bottleneck_nic"] == "ps0"
     assert runs["colocated"]["bottleneck_nic"].startswith("worker")
