@@ -57,7 +57,7 @@ def _scorer(cfg: RunConfig) -> Callable[[Any], dict[str, Any]]:
     from testbed.runtime.worker import limit_threads
     from testbed.workloads import make_workload
 
-    if cfg.workload.real_compute:
+    if cfg.workload.imports_torch("cpu"):
         limit_threads(1)
     model = make_workload(replace(cfg.workload, compute_ms=0.0), seed=cfg.seed, workers=cfg.workers)
     return lambda flat: {**model.evaluate(flat, cfg.eval.samples), "optimum": model.optimum}
@@ -98,13 +98,13 @@ class Evaluator:
             return _scorer(self.cfg)
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, self.cfg.to_dict()), name="testbed-eval",
-                                 daemon=True)
-        self._proc.start()
+        proc = ctx.Process(target=_serve, args=(child, self.cfg.to_dict()), name="testbed-eval", daemon=True)
+        proc.start()
         try:  # from its first instruction on (the driver may raise a child's niceness)
-            os.setpriority(os.PRIO_PROCESS, self._proc.pid, NICE)
+            os.setpriority(os.PRIO_PROCESS, proc.pid, NICE)
         except OSError:
             pass
+        self._proc = proc  # seen from other threads only once it runs at its priority
         child.close()
 
         def remote(flat: Any) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from testbed.workloads import Workload, make_workload
 
 def reference_training(cfg: RunConfig, steps: int | None = None) -> np.ndarray:
     """Flat parameters after `steps` (default cfg.steps) single-process steps of cfg's optimizer."""
-    with _one_thread(cfg.workload.real_compute):
+    with _one_thread(cfg.workload.imports_torch("cpu")):
         model = make_workload(cfg.workload, seed=cfg.seed, workers=cfg.workers)
         optimizer = Optimizer(optimizer_for(cfg.workload))
         params = model.get_params()

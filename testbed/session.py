@@ -76,7 +76,7 @@ def execute(cfg: RunConfig, *, run_id: str | None = None, launched: float | None
 
     spec = registry.SPECS[cfg.strategy]
     cluster = Cluster(cfg.cluster, workers=cfg.workers, servers=spec.servers(cfg),
-                      torch_workers=cfg.workload.real_compute, colocated=spec.colocated_servers(cfg))
+                      torch_workers=cfg.workload.imports_torch, colocated=spec.colocated_servers(cfg))
     with INTERRUPTS as interrupts:
         return _execute(spec, cfg, cluster, run_id or new_run_id(cfg.strategy, cfg.workers), interrupts, launched)
 

@@ -17,6 +17,7 @@ from testbed.config.payload import Payload, parse_payload
 from testbed.config.profiles import PROFILE, workload_check
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
+TORCH_MODELS = ("resnet", "transformer")  # the rest run without torch on the CPU
 DEFAULT_LR = {"sgd": 0.1, "momentum": 0.1, "adam": 0.001}
 EVALUATIONS_PER_RUN = 10  # the default --eval-every: about this many evaluations a run
 
@@ -31,7 +32,7 @@ class WorkloadConfig:
     """workload"""
 
     name: str = opt("mlp", flag="--workload", check=workload_check,
-                    help="mlp, logreg (torch, synthetic classification data), resnet (a ResNet for 32x32 "
+                    help="mlp, logreg (synthetic classification data), resnet (a ResNet for 32x32 "
                          "images), transformer (a decoder-only language model), synthetic (no model), or "
                          "profile:NAME (synthetic, as resnet50, resnet101, vgg16, bert-base, bert-large, gpt2)")
     batch_size: int = opt(32, check=integer(1, 1_000_000, "use a positive integer (per worker)"),
@@ -90,6 +91,12 @@ class WorkloadConfig:
         """A torch model computes for real (imports torch, cannot be dilated, its compute is measured);
         a synthetic workload, plain or a profile, sleeps a set compute time."""
         return self.name != "synthetic" and self.profile is None
+
+    def imports_torch(self, device: str = "cpu") -> bool:
+        """Whether a worker of this workload imports torch on `device` (resolved: cpu or cuda):
+        resnet and transformer always; mlp and logreg only on a GPU (on the CPU they are numpy,
+        testbed.workloads.dense); synthetic workloads never."""
+        return self.name in TORCH_MODELS or (self.real_compute and device != "cpu")
 
     @property
     def learning_rate(self) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,18 +36,22 @@ class ResourcePlan:
 
 def plan_resources(
     *, workers: int, servers: int, total_cpus: float, total_gpus: float, total_memory: float,
-    device: str, cpus_per_worker: float | None, torch_workers: bool,
+    device: str, cpus_per_worker: float | None, torch_workers: bool | Callable[[str], bool],
     node_cpus: list[float] | None = None, colocated: bool = False,
 ) -> ResourcePlan:
     """Decide each actor's share; raise ConfigError naming the flag when the cluster is short.
 
     The share is the largest that lets every actor's bundle fit on some node (`node_cpus`, one
     entry per node; None: one node of `total_cpus`): 5 actors on two 2-CPU nodes get 0.666, not
-    4/5 = 0.8, which no node could hold three of. Colocated servers double their worker's bundle."""
+    4/5 = 0.8, which no node could hold three of. Colocated servers double their worker's bundle.
+    `torch_workers`: whether worker processes import torch (their memory), or a function of the
+    resolved device that says so."""
     if device == "cuda" and total_gpus < 1:
         raise ConfigError("--device 'cuda': the cluster has no GPU; use --device cpu (or auto)")
     resolved = "cuda" if device == "cuda" or (device == "auto" and total_gpus >= 1) else "cpu"
     actors = workers + servers
+    if callable(torch_workers):  # whether workers import torch can depend on the device
+        torch_workers = torch_workers(resolved)
     per_actor = ACTOR_MEMORY_TORCH if torch_workers else ACTOR_MEMORY_PLAIN
     fit = int(total_memory // per_actor)
     if actors > fit:
@@ -99,16 +104,25 @@ def packable_share(units: list[int], node_cpus: list[float], cap: float) -> floa
     return 0.0
 
 
+def nvidia_devices() -> int:
+    """GPUs the NVIDIA driver lists (/proc/driver/nvidia/gpus), 0 where it is not loaded."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
 def local_machine() -> dict[str, float]:
     """CPUs, GPUs and memory of this machine, without starting Ray."""
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     gpus = 0
-    try:
-        import torch
+    if nvidia_devices():  # torch (seconds to import) only where there is a GPU for it to use
+        try:
+            import torch
 
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        pass
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        except ImportError:
+            pass
     return {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus), "memory": float(mem) * 0.7}
 
 
@@ -125,7 +139,7 @@ class Cluster:
     """Start (or attach to) Ray, reserve resources for one run's actors, release them."""
 
     def __init__(self, cfg: ClusterConfig, *, workers: int, servers: int = 0,
-                 torch_workers: bool = True, colocated: bool = False) -> None:
+                 torch_workers: bool | Callable[[str], bool] = True, colocated: bool = False) -> None:
         self.cfg, self.workers, self.servers = cfg, workers, servers
         self.colocated = colocated  # server i in worker i's bundle (same node), not a bundle of its own
         self.torch_workers = torch_workers

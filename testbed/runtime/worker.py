@@ -60,7 +60,7 @@ class WorkerBase:
 
     def __init__(self, config: RunConfig, rank: int, device: str = "cpu", cpus: float = 1.0) -> None:
         self.config, self.rank, self.device = config, rank, device
-        if config.workload.real_compute:
+        if config.workload.imports_torch(device):
             limit_threads(cpus)
         dilation = config.network.dilation  # synthetic compute and delays run D times slower
         self.workload = make_workload(

@@ -1,6 +1,8 @@
-"""Workloads: what each worker computes. Real torch models and a torch-free synthetic gradient.
+"""Workloads: what each worker computes. Real models (mlp and logreg in numpy on the CPU, torch
+for the ResNet, the transformer and anything on a GPU) and a torch-free synthetic gradient.
 
-`make_workload` imports torch only for the models that need it, so synthetic workers stay light.
+`make_workload` imports torch only for the models that need it (`WorkloadConfig.imports_torch`),
+so most workers stay light.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ def make_workload(cfg: WorkloadConfig, *, seed: int, workers: int, device: str =
         from testbed.workloads.synthetic import SyntheticWorkload
 
         return SyntheticWorkload(cfg, seed=seed, workers=workers)
+    if not cfg.imports_torch(device):
+        from testbed.workloads.dense import DenseWorkload
+
+        return DenseWorkload(cfg, seed=seed, workers=workers)
     from testbed.workloads.models import TorchWorkload
 
     return TorchWorkload(cfg, seed=seed, workers=workers, device=device)

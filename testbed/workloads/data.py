@@ -1,4 +1,5 @@
-"""Deterministic synthetic classification data and per-worker shards (numpy only).
+"""Deterministic synthetic classification data, the data source of a workload, and per-worker
+shards (numpy only).
 
 Data: C Gaussian blobs in D dimensions with seeded means, so the Bayes-optimal classifier is
 linear and the loss has a known floor; the held-out split is drawn from the same blobs with a
@@ -7,6 +8,8 @@ training samples; its iteration i batch is a slice of an epoch-seeded shuffle of
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -51,3 +54,41 @@ def batch_indices(seed: int, shard: np.ndarray, worker: int, iteration: int, bat
     order = np.random.default_rng([seed, 13, worker, epoch]).permutation(m)
     take = np.arange(pos * batch, pos * batch + batch) % m
     return shard[order[take]]
+
+
+def make_source(cfg: Any, seed: int) -> Any:
+    """The data a workload trains on: `train(idx)`, `heldout(n)`, `train_size` (and its shape,
+    classes or vocabulary), all numpy."""
+    if cfg.name == "transformer":
+        from testbed.workloads.language import MarkovLanguage, TextCharacters
+
+        if cfg.data is not None:
+            return TextCharacters(cfg.data, cfg.seq_len)
+        return MarkovLanguage(seed, cfg.vocab, cfg.seq_len, cfg.samples)
+    if cfg.data is not None:
+        from testbed.workloads.images import FileImages
+
+        return FileImages(cfg.data)
+    if cfg.name == "resnet":
+        from testbed.workloads.images import PrototypeImages
+
+        return PrototypeImages(seed, cfg.classes, cfg.samples)
+    return Blobs(seed, cfg.samples, cfg.features, cfg.classes)
+
+
+class Shards:
+    """Worker r's batches: the disjoint shard r of the training samples, epoch-reshuffled
+    (`shard_indices`, `batch_indices`), and the global batch of a step (their concatenation)."""
+
+    def __init__(self, seed: int, samples: int, workers: int, batch: int) -> None:
+        self.seed, self.samples, self.workers, self.size = seed, samples, workers, batch
+        self._shards: dict[int, np.ndarray] = {}
+
+    def batch(self, worker: int, iteration: int) -> np.ndarray:
+        if worker not in self._shards:
+            self._shards[worker] = shard_indices(self.seed, self.samples, self.workers, worker)
+        return batch_indices(self.seed, self._shards[worker], worker, iteration, self.size)
+
+    @staticmethod
+    def combine(batches: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(list(batches))

@@ -23,31 +23,11 @@ from torch import nn
 
 from testbed.config import WorkloadConfig
 from testbed.workloads.base import Workload
-from testbed.workloads.data import Blobs, batch_indices, shard_indices
+from testbed.workloads.data import Shards, make_source
 from testbed.workloads.nets import calibrate, classifier, language_model
 
 CALIBRATION = 256  # training samples whose batch statistics a ResNet is evaluated with
 EVAL_CHUNK = 256  # held-out samples per forward pass
-
-
-def make_source(cfg: WorkloadConfig, seed: int) -> Any:
-    """The data a workload trains on: `train(idx)`, `heldout(n)`, `train_size` (and its shape,
-    classes or vocabulary), all numpy."""
-    if cfg.name == "transformer":
-        from testbed.workloads.language import MarkovLanguage, TextCharacters
-
-        if cfg.data is not None:
-            return TextCharacters(cfg.data, cfg.seq_len)
-        return MarkovLanguage(seed, cfg.vocab, cfg.seq_len, cfg.samples)
-    if cfg.data is not None:
-        from testbed.workloads.images import FileImages
-
-        return FileImages(cfg.data)
-    if cfg.name == "resnet":
-        from testbed.workloads.images import PrototypeImages
-
-        return PrototypeImages(seed, cfg.classes, cfg.samples)
-    return Blobs(seed, cfg.samples, cfg.features, cfg.classes)
 
 
 def build_model(cfg: WorkloadConfig, source: Any) -> nn.Module:
@@ -81,7 +61,7 @@ class TorchWorkload(Workload):
             start += n
         self.model = model
         self.params = list(self.model.parameters())
-        self._shards: dict[int, np.ndarray] = {}
+        self.shards = Shards(seed, self.source.train_size, workers, cfg.batch_size)
         self._heldout: tuple[torch.Tensor, torch.Tensor] | None = None
         self.loss_fn = nn.CrossEntropyLoss()
 
@@ -103,12 +83,10 @@ class TorchWorkload(Workload):
 
     # ---- data
     def batch(self, worker: int, iteration: int) -> np.ndarray:
-        if worker not in self._shards:
-            self._shards[worker] = shard_indices(self.seed, self.source.train_size, self.workers, worker)
-        return batch_indices(self.seed, self._shards[worker], worker, iteration, self.cfg.batch_size)
+        return self.shards.batch(worker, iteration)
 
     def combine(self, batches: Sequence[np.ndarray]) -> np.ndarray:
-        return np.concatenate(list(batches))
+        return self.shards.combine(list(batches))
 
     def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.from_numpy(np.ascontiguousarray(x)).to(self.device)

@@ -30,7 +30,7 @@ def run_strategy(cfg: RunConfig, *, workdir: str | None = None) -> dict[str, Any
     spec = SPECS[cfg.strategy]
     rec = Recorder()
     cluster = Cluster(cfg.cluster, workers=cfg.workers, servers=spec.servers(cfg),
-                      torch_workers=cfg.workload.real_compute)
+                      torch_workers=cfg.workload.imports_torch)
     with cluster, spec.create(cfg, cluster, workdir=workdir) as strategy:
         rec.dilate(cfg.network.dilation, origin=time.time())
         strategy.run(rec)
