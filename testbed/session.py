@@ -125,7 +125,7 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
             recorder = Recorder(sink=log, on_update=(lambda _u: bar.update(1)) if bar else None,
                                 max_skipped=cfg.faults.max_skipped)
             placed = cluster.bundle_nodes()  # asked of Ray once here, again only after a fault
-            recorder.locate(cluster.worker_nodes, known={i: n for i, n in placed.items() if i < cfg.workers})
+            recorder.locate(cluster.worker_nodes, known=cluster.worker_nodes(placed))
             recorder.extra["cluster_nodes"] = cluster.nodes_at_start
             recorder.extra["actor_nodes"] = len(set(placed.values()))
             evaluator = Evaluator(cfg, recorder, on_result=_show_eval(bar))

@@ -57,6 +57,9 @@ class StrategySpec(ABC):
     choices: Mapping[str, tuple[str, ...]] = {}  # the allowed values of some of its keys
     summary_keys: Mapping[str, str] = {}  # its own summary.json keys -> meaning (results/README)
     fault_kinds: tuple[str, ...] = ("kill", "hang", "nan")  # the --fail kinds its workers can fire
+    # its workers may share a process (--workers-per-process, testbed.runtime.hosting): true where
+    # they only ever talk by actor calls, never over a link with one end per process
+    hosts_many: bool = False
 
     def synchronous(self, cfg: RunConfig) -> bool:
         """True when a model update is one global step that every worker contributes to."""

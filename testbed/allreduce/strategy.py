@@ -34,7 +34,6 @@ from testbed.runtime import remote
 from testbed.strategy import Strategy
 from testbed.workloads.base import unflatten
 
-RemotePeer = ray.remote(RingPeer)
 CONCURRENCY = 4  # step thread + deliver threads (messages from the left neighbour)
 
 
@@ -42,7 +41,7 @@ class RingAllreduce(Strategy):
     def setup(self) -> None:
         cfg = self.config
         self.library = self.spec.library
-        self.peers = remote.spawn(RemotePeer, self.cluster, cfg.workers, cfg, device=self.cluster.device,
+        self.peers = remote.spawn(RingPeer, self.cluster, cfg.workers, cfg, device=self.cluster.device,
                                   concurrency=CONCURRENCY, library=self.library,
                                   max_restarts=cfg.faults.max_restarts)
         t = cfg.cluster.timeout_s

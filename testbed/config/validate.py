@@ -73,8 +73,31 @@ def validate(cfg: RunConfig, specs: Mapping[str, Any]) -> RunConfig:
         if f.target == "worker" and f.kind not in spec.fault_kinds:
             fail("faults.fail", f.to_text(), f"--strategy {cfg.strategy} workers cannot fire '{f.kind}' "
                  f"faults; use one of {', '.join(spec.fault_kinds)}")
+    _validate_hosting(cfg, specs)
     spec.validate(cfg)
     return cfg
+
+
+def _validate_hosting(cfg: RunConfig, specs: Mapping[str, Any]) -> None:
+    """--workers-per-process K > 1: what sharing a process would change (testbed.runtime.hosting)."""
+    k, spec = cfg.cluster.workers_per_process, specs[cfg.strategy]
+    if k == 1:
+        return
+    if not spec.hosts_many:
+        able = ", ".join(sorted(name for name, s in specs.items() if s.hosts_many))
+        fail("cluster.workers_per_process", k, f"--strategy {cfg.strategy} links its workers process to process; "
+             f"use 1, or a strategy whose workers only make actor calls ({able})")
+    if cfg.workload.real_compute:
+        fail("cluster.workers_per_process", k, f"--workload {cfg.workload.name} computes for real, and workers "
+             "sharing a process would take turns on one interpreter; use 1, or --workload synthetic --compute-ms MS")
+    if cfg.faults.fail.items:
+        fail("cluster.workers_per_process", k, "an injected fault would take every worker of its process down; "
+             "use 1 with --fail")
+    if spec.colocated_servers(cfg):
+        fail("cluster.workers_per_process", k, "a colocated server sits in its worker's process slot; use 1 "
+             "with --ps-placement colocated")
+    if k > cfg.workers:
+        fail("cluster.workers_per_process", k, f"there are only {cfg.workers} workers; use at most {cfg.workers}")
 
 
 def _given(key: str, cfg: RunConfig) -> bool:

@@ -57,14 +57,12 @@ from testbed.strategy import Strategy
 from testbed.workloads import make_workload
 from testbed.workloads.base import unflatten
 
-RemoteGossipPeer = ray.remote(GossipPeer)
-
 
 class GossipSGD(Strategy):
     def setup(self) -> None:
         cfg, t = self.config, self.config.cluster.timeout_s
         self.degree = degree(cfg.gossip.topology, cfg.workers)
-        self.peers = remote.spawn(RemoteGossipPeer, self.cluster, cfg.workers, cfg, device=self.cluster.device,
+        self.peers = remote.spawn(GossipPeer, self.cluster, cfg.workers, cfg, device=self.cluster.device,
                                   concurrency=self.degree + 3)
         remote.get([p.ping.remote() for p in self.peers], t, "gossip worker start-up")
         params = remote.get(self.peers[0].get_params.remote(), t, "initial parameters")

@@ -39,13 +39,11 @@ from testbed.runtime.worker import WorkerBase
 from testbed.strategy import Strategy
 from testbed.workloads import make_workload
 
-MapWorker = ray.remote(WorkerBase)
-
 
 class MapReduce(Strategy):
     def setup(self) -> None:
         cfg = self.config
-        self.workers = remote.spawn(MapWorker, self.cluster, cfg.workers, cfg, device=self.cluster.device,
+        self.workers = remote.spawn(WorkerBase, self.cluster, cfg.workers, cfg, device=self.cluster.device,
                                     max_restarts=cfg.faults.max_restarts, concurrency=2)
         self.model = make_workload(cfg.workload, seed=cfg.seed, workers=cfg.workers)
         self.params = self.model.get_params()

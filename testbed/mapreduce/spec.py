@@ -17,6 +17,7 @@ from testbed.strategy import Prediction, StrategySpec
 class MapReduceSpec(StrategySpec):
     name = "mapreduce"
     family = "mapreduce"
+    hosts_many = True  # the driver calls each worker
     runner = "testbed.mapreduce.driver:MapReduce"
     keys = frozenset({"compression"})
     summary_keys = {

@@ -57,6 +57,7 @@ SUMMARY_KEYS = {
 class PSSpec(StrategySpec):
     fault_kinds = ("kill", "hang", "nan", "sent")  # sent: dies once its push reached the servers
     family = "ps"
+    hosts_many = True  # pushes and pulls are actor calls
     runner = "testbed.ps.strategy:ParameterServer"
     summary_keys = SUMMARY_KEYS
 

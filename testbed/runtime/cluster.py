@@ -140,7 +140,11 @@ class Cluster:
 
     def __init__(self, cfg: ClusterConfig, *, workers: int, servers: int = 0,
                  torch_workers: bool | Callable[[str], bool] = True, colocated: bool = False) -> None:
-        self.cfg, self.workers, self.servers = cfg, workers, servers
+        # --workers-per-process K: `workers` logical workers live in ceil(workers / K) processes
+        # (testbed.runtime.hosting); a bundle, a CPU share and a memory estimate are per process
+        self.per_process = max(1, int(getattr(cfg, "workers_per_process", 1)))
+        self.ranks = workers
+        self.cfg, self.workers, self.servers = cfg, -(-workers // self.per_process), servers
         self.colocated = colocated  # server i in worker i's bundle (same node), not a bundle of its own
         self.torch_workers = torch_workers
         self.started_ray = False
@@ -211,11 +215,12 @@ class Cluster:
         return {"CPU": self.plan.cpus_per_server}
 
     def options(self, i: int, *, server: bool = False) -> dict[str, Any]:
-        """Ray actor options for worker i (or server i) inside this run's placement group."""
+        """Ray actor options for worker i (or server i) inside this run's placement group: for
+        the process worker i lives in, where several share one."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         assert self.plan is not None
-        index = i if not server or self.colocated else self.workers + i
+        index = i // self.per_process if not server else i if self.colocated else self.workers + i
         bundle = self._bundle(index)
         own = self.plan.cpus_per_server if server else self.plan.cpus_per_worker
         return {
@@ -239,9 +244,10 @@ class Cluster:
         labels = node_labels(ray.nodes())
         return {int(i): labels.get(node, node[:8]) for i, node in where.items()}
 
-    def worker_nodes(self) -> dict[int, str]:
-        """Worker i -> its node (see `bundle_nodes`)."""
-        return {i: n for i, n in self.bundle_nodes().items() if i < self.workers}
+    def worker_nodes(self, placed: dict[int, str] | None = None) -> dict[int, str]:
+        """Worker i -> its node: its process's bundle's (`placed`, default: `bundle_nodes()`)."""
+        placed = self.bundle_nodes() if placed is None else placed
+        return {r: placed[r // self.per_process] for r in range(self.ranks) if r // self.per_process in placed}
 
     @staticmethod
     def alive_nodes() -> int:

@@ -6,6 +6,7 @@ Every wait on a remote call has a timeout; a hang becomes `RemoteTimeout`, never
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import ray
 
 from testbed.emulation.faults import RestartsExhausted
+from testbed.runtime import hosting
 
 STARTUP_S = 180.0  # an actor's start-up (process + imports) on a loaded 2-core machine
 
@@ -74,26 +76,49 @@ def describe(exc: BaseException) -> str:
     return f"{type(root).__name__}: {first}"[:400] if first else type(root).__name__
 
 
-def spawn(actor_cls: Any, cluster: Any, count: int, *args: Any, server: bool = False,
+@functools.cache
+def _actor_class(cls: type) -> Any:
+    return ray.remote(cls)
+
+
+def spawn(worker_cls: type, cluster: Any, count: int, *args: Any, server: bool = False,
           concurrency: int = 1, max_restarts: int = 0, **kwargs: Any) -> list[Any]:
-    """Create `count` actors of a Ray actor class in the run's placement group.
+    """Create `count` actors of a class in the run's placement group; return a handle per rank.
 
     Positional args after `count` go to every constructor; the actor index is passed as the
     keyword `rank`, its CPU share as `cpus`. Failed calls are never retried by Ray: the
-    strategy redoes the work itself, so that nothing is applied twice.
+    strategy redoes the work itself, so that nothing is applied twice. Where the cluster hosts
+    several workers per process (`cluster.per_process` > 1, testbed.runtime.hosting) each
+    process is a `Host` of consecutive ranks, and the handles are its `Member`s.
     """
-    handles = []
-    for i in range(count):
-        opts = cluster.options(i, server=server)
-        extra = {"cpus": opts["num_cpus"]} if not server else {}
-        handles.append(actor_cls.options(max_concurrency=concurrency, max_restarts=max_restarts,
-                                         max_task_retries=0, **opts)
-                       .remote(*args, rank=i, **extra, **kwargs))
-    return handles
+    per_process = 1 if server else getattr(cluster, "per_process", 1)
+    if per_process == 1:
+        handles = []
+        for i in range(count):
+            opts = cluster.options(i, server=server)
+            extra = {"cpus": opts["num_cpus"]} if not server else {}
+            handles.append(_actor_class(worker_cls).options(max_concurrency=concurrency, max_restarts=max_restarts,
+                                                            max_task_retries=0, **opts)
+                           .remote(*args, rank=i, **extra, **kwargs))
+        return handles
+    members = []
+    for ranks in hosting.groups(count, per_process):
+        opts = cluster.options(ranks[0])
+        host = (_actor_class(hosting.Host)
+                .options(max_concurrency=concurrency * len(ranks) + 1, max_restarts=max_restarts,
+                         max_task_retries=0, **opts)
+                .remote(worker_cls, ranks, *args, cpus=opts["num_cpus"] / len(ranks), **kwargs))
+        members += [hosting.Member(host, r) for r in ranks]
+    return members
+
+
+def kill(handle: Any, no_restart: bool = True) -> None:
+    """Kill the process a handle's actor (or logical worker) lives in."""
+    ray.kill(hosting.process_of(handle), no_restart=no_restart)
 
 
 def kill_all(handles: list[Any]) -> None:
-    for h in handles:
+    for h in {id(p): p for p in map(hosting.process_of, handles)}.values():
         try:
             ray.kill(h, no_restart=True)
         except Exception:  # noqa: BLE001 - already dead is fine
@@ -136,7 +161,7 @@ class Liveness:
         revived = []
         for i, ref in enumerate(pings):
             if ref not in ready:  # hung: a hang is treated as a death
-                ray.kill(self.handles[i], no_restart=False)
+                kill(self.handles[i], no_restart=False)
                 revived.append(i)
                 continue
             try:

@@ -40,7 +40,7 @@ CASES = [
     ("ps-async", 1, {**LM, "workload.optimizer": "momentum", "workload.lr": 0.1}),  # sequential, state on the server
     ("ps-sync", 3, {**RESNET, "workload.optimizer": "momentum", "ps.shards": 2}),  # momentum split across servers
     ("ps-async", 1, SYN),  # one async worker is sequential SGD
-    ("mapreduce", 4, SYN),
+    ("mapreduce", 4, {**SYN, "cluster.workers_per_process": 3}),  # ranks 0-2 share a process, 3 alone
     ("ps-sync", 4, SYN),
     ("ps-sync", 4, {**SYN, "ps.shards": 2, "ps.partition_mb": 0.002}),  # 5 partitions on 2 servers
     ("ps-sync", 3, {**SYN, "ps.servers": 3, "ps.placement": "colocated", "ps.partition_mb": 0.002}),

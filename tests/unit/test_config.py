@@ -49,6 +49,8 @@ def passes(cfg):
 
 
 # (rule id, overrides, flag, value named in the message)
+# --workers-per-process 2 where it applies (testbed.runtime.hosting)
+HOSTED = {"strategy": "ps-sync", "workers": 4, "workload.name": "synthetic", "cluster.workers_per_process": 2}
 BAD = [
     ("strategy-unknown", {"strategy": "nope"}, "--strategy", "nope"),
     ("workload-unknown", {"workload.name": "alexnet"}, "--workload", "alexnet"),
@@ -149,6 +151,12 @@ BAD = [
      "--dilation", 4.0),
     ("dilation-of-real-compute", {"network.bandwidth": "10Gbit", "network.dilation": 4.0},
      "--dilation", 4.0),
+    ("hosting-zero", {"cluster.workers_per_process": 0}, "--workers-per-process", 0),
+    ("hosting-on-ring", {**HOSTED, "strategy": "ring"}, "--workers-per-process", 2),
+    ("hosting-real-compute", {**HOSTED, "workload.name": "mlp"}, "--workers-per-process", 2),
+    ("hosting-with-faults", {**HOSTED, "faults.fail": "worker=1,at=2"}, "--workers-per-process", 2),
+    ("hosting-colocated", {**HOSTED, "ps.servers": 2, "ps.placement": "colocated"}, "--workers-per-process", 2),
+    ("hosting-beyond-workers", {**HOSTED, "workers": 1}, "--workers-per-process", 2),
 ]
 
 
@@ -194,6 +202,8 @@ GOOD = [
     ("latency-zero-without-bandwidth", {"network.latency": "0"}),
     ("straggler-last-worker", {"workers": 8, "straggler": "fixed:worker=7,delay=200ms"}),
     ("straggler-random", {"straggler": "random:dist=exponential,mean=5ms"}),
+    ("hosting-ps", HOSTED),
+    ("hosting-mapreduce", {**HOSTED, "strategy": "mapreduce", "workers": 5, "cluster.workers_per_process": 5}),
 ]
 
 

@@ -1,0 +1,74 @@
+"""Several logical workers in one actor process (`--workers-per-process K`).
+
+Why: every worker actor is a Python process, and on 2 cores a process costs about 0.5 s of
+start-up and 90-100 MiB of memory; N = 64 took 32 s to start and N = 128 would need 12 GiB.
+Where workers only ever talk by actor calls (the parameter server's push and pull, the
+MapReduce driver's map call), nothing about them needs a process of their own: K of them can
+share one, each still its own object with its own data shard, optimizer state, straggler model
+and emulated NIC, so every message still passes through the emulated network as before.
+
+    driver / other actors                 one host process (Ray actor, K * c threads)
+    members[r].iteration.remote(...)  ->  Host.invoke(r, "iteration", ...)  ->  worker r
+    members[r+1].iteration.remote(..) ->  Host.invoke(r+1, "iteration", ..) ->  worker r+1
+
+A `Member` stands where an actor handle stood: `member.method.remote(*args)` is an ordinary
+Ray call of the host's `invoke`, whose reference the caller waits on, gets or passes to
+`ray.wait` as before. The host runs up to K * c calls at once (c: the concurrency one worker
+had), so the K workers' iterations overlap as K processes' would; their emulated waits are
+sleeps, which release the interpreter lock.
+
+What sharing a process changes, and so where it is refused (testbed.config.validate): real
+compute would take turns on one interpreter lock (synthetic compute is a sleep); an injected
+kill or hang would take all K workers down; links between processes (the ring's shared-memory
+channels, torch.distributed, gossip) have one end per process. Which strategies can host
+several workers is theirs to say (`StrategySpec.hosts_many`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Host:
+    """K logical workers of one class, built in this process, called by rank."""
+
+    def __init__(self, worker_cls: type, ranks: list[int], *args: Any, cpus: float = 1.0, **kwargs: Any) -> None:
+        self.members = {r: worker_cls(*args, rank=r, cpus=cpus, **kwargs) for r in ranks}
+
+    def invoke(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.members[rank], method)(*args, **kwargs)
+
+
+class _Call:
+    __slots__ = ("host", "method", "rank")
+
+    def __init__(self, host: Any, rank: int, method: str) -> None:
+        self.host, self.rank, self.method = host, rank, method
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self.host.invoke.remote(self.rank, self.method, *args, **kwargs)
+
+
+class Member:
+    """One logical worker's handle: `member.method.remote(...)` as on an actor handle."""
+
+    def __init__(self, host: Any, rank: int) -> None:
+        self.host, self.rank = host, rank
+
+    def __getattr__(self, name: str) -> _Call:
+        if name.startswith("__") or name in ("host", "rank"):  # (pickle, copy: not a remote method)
+            raise AttributeError(name)
+        return _Call(self.host, self.rank, name)
+
+    def __repr__(self) -> str:
+        return f"Member(rank={self.rank})"
+
+
+def process_of(handle: Any) -> Any:
+    """The actor handle of the process a handle's worker lives in (itself for a plain actor)."""
+    return handle.host if isinstance(handle, Member) else handle
+
+
+def groups(count: int, per_process: int) -> list[list[int]]:
+    """Ranks 0..count-1 in consecutive groups of `per_process` (the last may be smaller)."""
+    return [list(range(lo, min(count, lo + per_process))) for lo in range(0, count, per_process)]
