@@ -57,9 +57,6 @@ class StrategySpec(ABC):
     choices: Mapping[str, tuple[str, ...]] = {}  # the allowed values of some of its keys
     summary_keys: Mapping[str, str] = {}  # its own summary.json keys -> meaning (results/README)
     fault_kinds: tuple[str, ...] = ("kill", "hang", "nan")  # the --fail kinds its workers can fire
-    # its workers may share a process (--workers-per-process, testbed.runtime.hosting): true where
-    # they only ever talk by actor calls, never over a link with one end per process
-    hosts_many: bool = False
 
     def synchronous(self, cfg: RunConfig) -> bool:
         """True when a model update is one global step that every worker contributes to."""
@@ -72,6 +69,11 @@ class StrategySpec(ABC):
     def colocated_servers(self, cfg: RunConfig) -> bool:
         """True when server i shares worker i's machine (its placement bundle and NIC)."""
         return False
+
+    def cannot_share_processes(self, cfg: RunConfig) -> str | None:
+        """Why its workers cannot share a process (--workers-per-process, testbed.runtime.hosting),
+        or None where they can: where they talk by actor calls or links it can make in-process."""
+        return "its workers are linked process to process"
 
     def validate(self, cfg: RunConfig) -> None:  # noqa: B027 - most strategies have no rule of their own
         """Its own rules beyond keys and choices; raise ConfigError (testbed.config.fail)."""

@@ -49,6 +49,7 @@ import os
 import pickle
 import select
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -195,21 +196,72 @@ def poll(attempt: Callable[[], Any], timeout: float, aborted: Callable[[], bool]
             delay = min(2 * delay, MAX_SLEEP_S)
 
 
+class Slot:
+    """A link between two peers of one process (testbed.runtime.hosting): one message at a
+    time, handed from the writer's thread to the reader's under a condition variable.
+
+    The writer puts a private copy (the sender's buffer changes in the next round), waits
+    while the previous message is still there (depth one, as a channel), and the reader takes
+    it. No process switch, no shared-memory object: a hop costs a copy and a thread hand-off.
+    Waits look at the abort flag and the deadline at least every CHECK_S.
+    """
+
+    def __init__(self) -> None:
+        self.key = f"slot-{uuid.uuid4().hex}"
+        self._cv = threading.Condition()
+        self._message: tuple[Any, float | None, np.ndarray] | None = None
+        SLOTS[self.key] = self
+
+    def _wait(self, ready: Callable[[], bool], timeout: float, aborted: Callable[[], bool], what: str) -> None:
+        t0 = time.monotonic()
+        while not ready():
+            _check(t0, timeout, aborted, what)
+            self._cv.wait(CHECK_S)
+
+    def put(self, tag: Any, departure: float | None, chunk: np.ndarray, timeout: float,
+            aborted: Callable[[], bool]) -> None:
+        copy = np.array(chunk, copy=True)
+        with self._cv:
+            self._wait(lambda: self._message is None, timeout, aborted, f"send of {tag}")
+            self._message = (tag, departure, copy)
+            self._cv.notify_all()
+
+    def take(self, timeout: float, aborted: Callable[[], bool], what: str) -> tuple[Any, float | None, np.ndarray]:
+        with self._cv:
+            self._wait(lambda: self._message is not None, timeout, aborted, what)
+            message, self._message = self._message, None
+            self._cv.notify_all()
+        return message
+
+    def reader_end(self) -> tuple[str, str]:
+        return ("slot", self.key)
+
+    def close(self) -> None:
+        SLOTS.pop(self.key, None)
+
+
+SLOTS: dict[str, Slot] = {}  # this process's slots by key: how the reader finds its writer's
+
+
 class Link:
     """A peer's two ring links: `out` to the right neighbour (we write), and from the left
-    one, whose `Outgoing.reader_end()` is `left`."""
+    one, whose `Outgoing.reader_end()` is `left`. Either may be a `Slot` instead, where the
+    neighbour lives in this process (its reader end is ("slot", key))."""
 
-    def __init__(self, out: Outgoing, left: tuple[Any, tuple[str, str] | None], timeout: float,
+    def __init__(self, out: Outgoing | Slot, left: tuple[Any, Any], timeout: float,
                  aborted: Callable[[], bool]) -> None:
-        self.out = out.channel
-        self.inp, paths = left
         self.timeout = timeout
         self._closed = False
         self.aborted = lambda: self._closed or aborted()  # a closed link stops its waiters too
+        self.out_slot = out if isinstance(out, Slot) else None
+        self.in_slot = SLOTS.pop(left[1]) if left[0] == "slot" else None
+        self.out = None if self.out_slot else out.channel
+        self.inp, paths = (None, None) if self.in_slot else left
         self._serialize = ray._private.worker.global_worker.get_serialization_context().serialize
         # our writes: wake the right peer, take its acks; our reads: the mirror image
-        self.wake_right = out.signals[0].fd if out.signals else None
-        self.acks = out.signals[1].fd if out.signals else None
+        signals = None if self.out_slot else out.signals
+        self.wake_right = signals[0].fd if signals else None
+        self.acks = signals[1].fd if signals else None
         self.wakes = Signal.attach(paths[0]) if paths else None
         self.ack_left = Signal.attach(paths[1]) if paths else None
         self._sent = 0
@@ -234,6 +286,9 @@ class Link:
 
     def send(self, tag: Any, departure: float | None, chunk: np.ndarray) -> None:
         self._released()
+        if self.out_slot is not None:
+            self.out_slot.put(tag, departure, chunk, self.timeout, self.aborted)
+            return
         value = self._serialize(encode(tag, departure, chunk))  # once, not once per try
         size = value.total_bytes + len(value.metadata)
         capacity = getattr(getattr(self.out, "_typ", None), "buffer_size_bytes", 0)
@@ -256,6 +311,11 @@ class Link:
     def recv(self, tag: Any) -> tuple[float | None, np.ndarray]:
         """(departure, chunk) of the next message, which must carry `tag`."""
         self._released()
+        if self.in_slot is not None:
+            got, departure, chunk = self.in_slot.take(self.timeout, self.aborted, f"message {tag}")
+            if got != tag:
+                raise RuntimeError(f"ring link out of step: expected message {tag}, got {got}")
+            return departure, chunk
         left = self.timeout  # one timeout for the whole wait
         if self.wakes is not None:
             left = take(self.wakes, self.timeout, self.aborted, f"message {tag}")

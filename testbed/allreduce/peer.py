@@ -29,11 +29,12 @@ import numpy as np
 import ray
 
 from testbed.allreduce.algorithms import bytes_moved, groups_of_size, schedule
-from testbed.allreduce.channels import Link, Outgoing
+from testbed.allreduce.channels import Link, Outgoing, Slot
 from testbed.allreduce.collectives import ring_allreduce, run_schedule, sparse_ring_allgather
 from testbed.allreduce.ring import make_buckets, ring_neighbours
 from testbed.compression import Compressor, unpack_sparse
 from testbed.optim import Optimizer, optimizer_for, to_numpy_state
+from testbed.runtime import hosting
 from testbed.runtime.remote import RemoteTimeout, get
 from testbed.runtime.transport import (
     Mailbox,
@@ -57,13 +58,15 @@ def wire_ring(peers: list[Any], timeout: float, nbytes: int | None = None) -> No
     channel to its right neighbour, then every peer takes its left neighbour's. Called again
     after a peer restarts: every link is new, so nothing of an aborted attempt is read.
     Peers need max_concurrency >= 2: opening a link to a reader on another node runs a call
-    on the reader while it opens its own link (tests/ray/test_multinode.py).
+    on the reader while it opens its own link (tests/ray/test_multinode.py). Neighbours that
+    share a process (--workers-per-process) are linked by a `channels.Slot` instead.
     """
     n = len(peers)
     outs: list[Any] = [None] * n
     if n > 1:
         nodes = get([p.node_id.remote() for p in peers], timeout, "peer node ids")
-        outs = get([p.open_link.remote(peers[(r + 1) % n], nodes[(r + 1) % n], nbytes)
+        outs = get([p.open_link.remote(peers[(r + 1) % n], nodes[(r + 1) % n], nbytes,
+                                       hosting.same_process(p, peers[(r + 1) % n]))
                     for r, p in enumerate(peers)], timeout, "ring channels")
     get([p.connect_ring.remote(peers, outs[(r - 1) % n]) for r, p in enumerate(peers)], timeout, "ring wiring")
 
@@ -106,15 +109,21 @@ class RingPeer(WorkerBase):
         delivery = self.endpoint.delivery(int(payload.nbytes * self.logical_factor), departure)
         self.mailbox.put(tag, (payload, delivery))
 
-    def open_link(self, right: Any, right_node: str, nbytes: int | None = None) -> Any:
+    def open_link(self, right: Any, right_node: str, nbytes: int | None = None, local: bool = False) -> Any:
         """Create the channel to the right neighbour (first half of `wire_ring`); None when
         this peer never uses the ring exchange (--algorithm other than ring).
 
         Sized for the largest message (a dense ring chunk, or a packed top-k piece) unless
         `nbytes` says otherwise: Ray never frees a channel's buffer, not even the one it
-        replaces when a message outgrows it, so a link should never have to grow.
+        replaces when a message outgrows it, so a link should never have to grow. `local`: the
+        right neighbour lives in this process; the link is a `Slot` (no size to fix).
         """
         self._close_links()  # re-wiring after a restart: the old links are done
+        if local:
+            if self.algorithm != "ring":
+                return None
+            self._outgoing = Slot()
+            return self._outgoing.reader_end()
         if nbytes is None:
             if self.algorithm != "ring":  # (top-k, the other user of the exchange, needs the ring)
                 return None
@@ -122,7 +131,7 @@ class RingPeer(WorkerBase):
             nbytes = -(-largest // self.n) * 4
             if self.compress_spec.kind == "topk":
                 nbytes = max(nbytes, Compressor(self.compress_spec, largest).payload_bytes)
-        self._outgoing = Outgoing(right, right_node, nbytes)
+        self._outgoing = Outgoing(hosting.process_of(right), right_node, nbytes)
         return self._outgoing.reader_end()
 
     def _close_links(self) -> None:

@@ -71,6 +71,13 @@ class AllreduceSpec(StrategySpec):
         self.keys = frozenset({"ring.bucket_mb", "ring.first_bucket_mb", "ring.overlap"}) if library else RING_KEYS
         self.choices = {} if library else {"ring.transport": TRANSPORTS, "ring.algorithm": ALGORITHMS}
 
+    def cannot_share_processes(self, cfg: RunConfig) -> str | None:
+        """The object-store ring links neighbours in one process through memory (channels.Slot);
+        torch.distributed's ranks are processes."""
+        if self.library or cfg.ring.transport == "torch":
+            return "torch.distributed's ranks are processes (use --strategy ring --transport object-store)"
+        return None
+
     def validate(self, cfg: RunConfig) -> None:
         if self.library:
             if cfg.network.emulated:

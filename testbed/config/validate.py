@@ -83,10 +83,9 @@ def _validate_hosting(cfg: RunConfig, specs: Mapping[str, Any]) -> None:
     k, spec = cfg.cluster.workers_per_process, specs[cfg.strategy]
     if k == 1:
         return
-    if not spec.hosts_many:
-        able = ", ".join(sorted(name for name, s in specs.items() if s.hosts_many))
-        fail("cluster.workers_per_process", k, f"--strategy {cfg.strategy} links its workers process to process; "
-             f"use 1, or a strategy whose workers only make actor calls ({able})")
+    why = spec.cannot_share_processes(cfg)
+    if why:
+        fail("cluster.workers_per_process", k, f"--strategy {cfg.strategy}: {why}; use 1")
     if cfg.workload.real_compute:
         fail("cluster.workers_per_process", k, f"--workload {cfg.workload.name} computes for real, and workers "
              "sharing a process would take turns on one interpreter; use 1, or --workload synthetic --compute-ms MS")

@@ -17,13 +17,15 @@ from testbed.strategy import Prediction, StrategySpec
 class MapReduceSpec(StrategySpec):
     name = "mapreduce"
     family = "mapreduce"
-    hosts_many = True  # the driver calls each worker
     runner = "testbed.mapreduce.driver:MapReduce"
     keys = frozenset({"compression"})
     summary_keys = {
         "grad_bytes_logical": "bytes: the logical gradient K",
         "driver_bytes_per_step": "bytes: what crosses the driver's NIC per step (N K out + N P in)",
     }
+
+    def cannot_share_processes(self, cfg: RunConfig) -> str | None:
+        return None  # the driver calls each worker
 
     def predict(self, cfg: RunConfig, resolved: Mapping[str, Any], latency: float,
                 bandwidth: float) -> Prediction:

@@ -57,9 +57,11 @@ SUMMARY_KEYS = {
 class PSSpec(StrategySpec):
     fault_kinds = ("kill", "hang", "nan", "sent")  # sent: dies once its push reached the servers
     family = "ps"
-    hosts_many = True  # pushes and pulls are actor calls
     runner = "testbed.ps.strategy:ParameterServer"
     summary_keys = SUMMARY_KEYS
+
+    def cannot_share_processes(self, cfg: RunConfig) -> str | None:
+        return None  # pushes and pulls are actor calls
 
     def __init__(self, *, sync: bool) -> None:
         self.sync = sync

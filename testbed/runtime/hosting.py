@@ -1,9 +1,11 @@
 """Several logical workers in one actor process (`--workers-per-process K`).
 
 Why: every worker actor is a Python process, and on 2 cores a process costs about 0.5 s of
-start-up and 90-100 MiB of memory; N = 64 took 32 s to start and N = 128 would need 12 GiB.
-Where workers only ever talk by actor calls (the parameter server's push and pull, the
-MapReduce driver's map call), nothing about them needs a process of their own: K of them can
+start-up and 90-100 MiB of memory (N = 64 took 32 s to start and 6 GiB), and every message
+between processes costs a process switch on cores that N processes share: the ring at N = 128
+measured 146x its model. Where workers talk by actor calls (the parameter server's push and
+pull, the MapReduce driver's map call) or by links that can be made in memory (the ring's
+neighbours: `channels.Slot`), nothing about them needs a process of their own: K of them can
 share one, each still its own object with its own data shard, optimizer state, straggler model
 and emulated NIC, so every message still passes through the emulated network as before.
 
@@ -19,9 +21,9 @@ sleeps, which release the interpreter lock.
 
 What sharing a process changes, and so where it is refused (testbed.config.validate): real
 compute would take turns on one interpreter lock (synthetic compute is a sleep); an injected
-kill or hang would take all K workers down; links between processes (the ring's shared-memory
-channels, torch.distributed, gossip) have one end per process. Which strategies can host
-several workers is theirs to say (`StrategySpec.hosts_many`).
+kill or hang would take all K workers down; torch.distributed and gossip's links have one end
+per process. Which strategies can host
+several workers is theirs to say (`StrategySpec.cannot_share_processes`).
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ class Member:
 def process_of(handle: Any) -> Any:
     """The actor handle of the process a handle's worker lives in (itself for a plain actor)."""
     return handle.host if isinstance(handle, Member) else handle
+
+
+def same_process(a: Any, b: Any) -> bool:
+    """Whether two handles' workers live in one process (two members of one host)."""
+    return isinstance(a, Member) and isinstance(b, Member) and a.host is b.host
 
 
 def groups(count: int, per_process: int) -> list[list[int]]:

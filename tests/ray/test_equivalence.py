@@ -45,6 +45,7 @@ CASES = [
     ("ps-sync", 4, {**SYN, "ps.shards": 2, "ps.partition_mb": 0.002}),  # 5 partitions on 2 servers
     ("ps-sync", 3, {**SYN, "ps.servers": 3, "ps.placement": "colocated", "ps.partition_mb": 0.002}),
     *[("ring", n, SMALL_BUCKETS) for n in (1, 2, 4)],  # N = 2: one chunk each way
+    ("ring", 4, {**SMALL_BUCKETS, "cluster.workers_per_process": 3}),  # in-process slots + 2 channels
     ("ring", 3, {**SMALL_BUCKETS, "ring.overlap": False}),
     # buckets overlapped, any-pair sends over gloo (the ring's exchange over torch: test_ring.py)
     ("ring", 3, {**SMALL_BUCKETS, "ring.transport": "torch", "ring.algorithm": "halving-doubling"}),

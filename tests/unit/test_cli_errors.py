@@ -59,7 +59,8 @@ BAD = [
     ("workers-beyond-memory", ["--workers", "4000", "--strategy", "mapreduce"], "--workers 4000"),
     ("fail-unknown-worker", ["--fail", "worker=9,at=1", "--workers", "2"], "worker=9"),
     ("checkpoint-on-ring", ["--checkpoint-every", "5", "--strategy", "ring"], "--checkpoint-every 5"),
-    ("hosting-on-ring", ["--workers-per-process", "4", "--workload", "synthetic"], "--workers-per-process 4"),
+    ("hosting-on-gossip", ["--workers-per-process", "4", "--workload", "synthetic", "--strategy", "gossip"],
+     "--workers-per-process 4"),
 ]
 
 

@@ -152,7 +152,8 @@ BAD = [
     ("dilation-of-real-compute", {"network.bandwidth": "10Gbit", "network.dilation": 4.0},
      "--dilation", 4.0),
     ("hosting-zero", {"cluster.workers_per_process": 0}, "--workers-per-process", 0),
-    ("hosting-on-ring", {**HOSTED, "strategy": "ring"}, "--workers-per-process", 2),
+    ("hosting-torch-transport", {**HOSTED, "strategy": "ring", "ring.transport": "torch"}, "--workers-per-process", 2),
+    ("hosting-gossip", {**HOSTED, "strategy": "gossip"}, "--workers-per-process", 2),
     ("hosting-real-compute", {**HOSTED, "workload.name": "mlp"}, "--workers-per-process", 2),
     ("hosting-with-faults", {**HOSTED, "faults.fail": "worker=1,at=2"}, "--workers-per-process", 2),
     ("hosting-colocated", {**HOSTED, "ps.servers": 2, "ps.placement": "colocated"}, "--workers-per-process", 2),
@@ -203,6 +204,7 @@ GOOD = [
     ("straggler-last-worker", {"workers": 8, "straggler": "fixed:worker=7,delay=200ms"}),
     ("straggler-random", {"straggler": "random:dist=exponential,mean=5ms"}),
     ("hosting-ps", HOSTED),
+    ("hosting-ring", {**HOSTED, "strategy": "ring"}),
     ("hosting-mapreduce", {**HOSTED, "strategy": "mapreduce", "workers": 5, "cluster.workers_per_process": 5}),
 ]
 
