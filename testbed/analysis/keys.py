@@ -77,6 +77,8 @@ SUMMARY = {
                              "at its start; more than 1 makes a calibrated prediction use the "
                              "inter-node link"),
     "cluster_nodes": ("count", "live Ray nodes in the cluster when the run started"),
+    "worker_processes": ("count", "actor processes the workers lived in: N, or ceil(N / K) with "
+                                  "--workers-per-process K"),
     "workload": ("", "workload name"),
     "steps": ("updates", "model updates actually applied"),
     "worker_iterations": ("", "rows of steps.parquet"),

@@ -89,3 +89,38 @@ def test_encode_decode_round_trip(shape, dtype):
     assert tag == ("b", 3, "rs", 1) and departure == 12.5
     assert got.dtype == chunk.dtype and got.shape == chunk.shape
     np.testing.assert_array_equal(got, chunk)
+
+
+def test_a_slot_hands_copies_over_in_order_one_at_a_time_between_threads():
+    """Two peers of one process (testbed.runtime.hosting): the writer waits while its previous
+    message is unread, the reader gets each message once, in order, as a private copy."""
+    import threading
+
+    slot = channels.Slot()
+    buf = np.zeros(4, dtype=np.float32)
+    got = []
+
+    def reader():
+        for _ in range(50):
+            got.append(slot.take(10, lambda: False, "m"))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for i in range(50):
+        buf[:] = i  # the sender's buffer changes at once: the message must not
+        slot.put(("b", i), float(i), buf, 10, lambda: False)
+    t.join(10)
+    assert [g[0] for g in got] == [("b", i) for i in range(50)]
+    assert all((g[2] == i).all() and g[1] == float(i) for i, g in enumerate(got))
+    slot.close()
+    assert slot.key not in channels.SLOTS
+
+
+def test_a_slot_wait_ends_on_abort_and_on_its_deadline():
+    slot = channels.Slot()
+    with pytest.raises(RemoteTimeout, match="message 3"):
+        slot.take(0.2, lambda: False, "message 3")
+    slot.put("x", None, np.ones(1), 1, lambda: False)
+    with pytest.raises(StepAborted, match="send of y"):  # full: the next put waits, then sees the abort
+        slot.put("y", None, np.ones(1), 10, lambda: True)
+    slot.close()
