@@ -75,6 +75,21 @@ class Workload(ABC):
         factor = self.logical_bytes / (4 * self.numel)
         return [int(round(int(np.prod(shape, dtype=np.int64)) * factor)) for _, shape in self.layout]
 
+    def countdown(self, buckets: list[list[int]], flat_grad: Any,
+                  on_ready: Callable[[int, Any], None]) -> Callable[[int], None]:
+        """`done(tensor)` for a backward pass to call as each tensor's gradient is written: it
+        hands bucket b (a view of `flat_grad`) to on_ready once its last tensor is done."""
+        remaining = [len(b) for b in buckets]
+        owner = {i: b for b, idx in enumerate(buckets) for i in idx}
+        bounds = [self.bucket_slice(idx) for idx in buckets]
+
+        def done(tensor: int) -> None:
+            b = owner[tensor]
+            remaining[b] -= 1
+            if remaining[b] == 0:
+                on_ready(b, flat_grad[bounds[b]])
+        return done
+
     # ---- flat-vector helpers
     def slices(self) -> list[slice]:
         out, start = [], 0

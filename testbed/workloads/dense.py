@@ -140,16 +140,7 @@ class DenseWorkload(Workload):
         self, batch: np.ndarray, buckets: list[list[int]], on_ready: Callable[[int, np.ndarray], None]
     ) -> tuple[np.ndarray, float, int]:
         """Backward that hands a bucket out once its last tensor's gradient is written."""
-        remaining = [len(b) for b in buckets]
-        owner = {i: b for b, idx in enumerate(buckets) for i in idx}
-        bounds = [self.bucket_slice(idx) for idx in buckets]
-
-        def done(tensor: int) -> None:
-            b = owner[tensor]
-            remaining[b] -= 1
-            if remaining[b] == 0:
-                on_ready(b, self.flat_grad[bounds[b]])
-
+        done = self.countdown(buckets, self.flat_grad, on_ready)
         loss, samples = self._backward(batch, done)
         return self.flat_grad, loss, samples
 

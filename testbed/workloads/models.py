@@ -120,18 +120,11 @@ class TorchWorkload(Workload):
         self, batch: np.ndarray, buckets: list[list[int]], on_ready: Callable[[int, torch.Tensor], None]
     ) -> tuple[torch.Tensor, float, int]:
         """Backward with hooks: a bucket is handed out the moment its last tensor's grad is done."""
-        remaining = [len(b) for b in buckets]
-        owner = {i: b for b, idx in enumerate(buckets) for i in idx}
-        bounds = [self.bucket_slice(idx) for idx in buckets]
+        done = self.countdown(buckets, self.flat_grad, on_ready)
         handles = []
 
         def hook_for(tensor_index: int):
-            def hook(_p: torch.Tensor) -> None:
-                b = owner[tensor_index]
-                remaining[b] -= 1
-                if remaining[b] == 0:
-                    on_ready(b, self.flat_grad[bounds[b]])
-            return hook
+            return lambda _p: done(tensor_index)
 
         for i, p in enumerate(self.params):
             handles.append(p.register_post_accumulate_grad_hook(hook_for(i)))
