@@ -127,7 +127,7 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
             placed = cluster.bundle_nodes()  # asked of Ray once here, again only after a fault
             recorder.locate(cluster.worker_nodes, known=cluster.worker_nodes(placed))
             recorder.extra["cluster_nodes"] = cluster.nodes_at_start
-            recorder.extra["worker_processes"] = cluster.workers
+            recorder.extra["worker_processes"] = cluster.processes
             recorder.extra["actor_nodes"] = len(set(placed.values()))
             evaluator = Evaluator(cfg, recorder, on_result=_show_eval(bar))
             evaluator.attach()  # held-out evaluations, off the critical path (testbed.evaluation)

@@ -142,9 +142,9 @@ class Cluster:
                  torch_workers: bool | Callable[[str], bool] = True, colocated: bool = False) -> None:
         # --workers-per-process K: `workers` logical workers live in ceil(workers / K) processes
         # (testbed.runtime.hosting); a bundle, a CPU share and a memory estimate are per process
-        self.per_process = max(1, int(getattr(cfg, "workers_per_process", 1)))
+        self.per_process = cfg.workers_per_process
         self.ranks = workers
-        self.cfg, self.workers, self.servers = cfg, -(-workers // self.per_process), servers
+        self.cfg, self.processes, self.servers = cfg, -(-workers // self.per_process), servers
         self.colocated = colocated  # server i in worker i's bundle (same node), not a bundle of its own
         self.torch_workers = torch_workers
         self.started_ray = False
@@ -169,7 +169,7 @@ class Cluster:
 
     def _plan(self, cpus: float, gpus: float, memory: float, node_cpus: list[float] | None = None) -> ResourcePlan:
         return plan_resources(
-            workers=self.workers, servers=self.servers, total_cpus=cpus, total_gpus=gpus,
+            workers=self.processes, servers=self.servers, total_cpus=cpus, total_gpus=gpus,
             total_memory=memory, device=self.cfg.device, cpus_per_worker=self.cfg.cpus_per_worker,
             torch_workers=self.torch_workers, node_cpus=node_cpus, colocated=self.colocated,
         )
@@ -193,20 +193,20 @@ class Cluster:
         from ray.util.placement_group import placement_group
 
         assert self.plan is not None
-        bundles = [self._bundle(i) for i in range(self.workers + (0 if self.colocated else self.servers))]
+        bundles = [self._bundle(i) for i in range(self.processes + (0 if self.colocated else self.servers))]
         strategy = "SPREAD" if self.cfg.placement == "spread" else "PACK"
         self.pg = placement_group(bundles, strategy=strategy)
         ready, _ = ray.wait([self.pg.ready()], timeout=min(self.cfg.timeout_s, 60.0))
         if not ready:
             self.stop()
             raise ConfigError(
-                f"--workers {self.workers}: the cluster cannot place {len(bundles)} actors "
+                f"--workers {self.ranks}: the cluster cannot place {len(bundles)} actors "
                 f"({bundles[0]} each); use fewer workers or a larger cluster"
             )
 
     def _bundle(self, i: int) -> dict[str, float]:
         assert self.plan is not None
-        if i < self.workers:
+        if i < self.processes:
             cpus = self.plan.cpus_per_worker + (self.plan.cpus_per_server if self.colocated and i < self.servers else 0)
             b = {"CPU": cpus}
             if self.plan.gpus_per_worker:
@@ -220,7 +220,7 @@ class Cluster:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         assert self.plan is not None
-        index = i // self.per_process if not server else i if self.colocated else self.workers + i
+        index = i // self.per_process if not server else i if self.colocated else self.processes + i
         bundle = self._bundle(index)
         own = self.plan.cpus_per_server if server else self.plan.cpus_per_worker
         return {

@@ -1,9 +1,8 @@
 """Several logical workers in one actor process (`--workers-per-process K`).
 
 Why: every worker actor is a Python process, and on 2 cores a process costs about 0.5 s of
-start-up and 90-100 MiB of memory (N = 64 took 32 s to start and 6 GiB), and every message
-between processes costs a process switch on cores that N processes share: the ring at N = 128
-measured 146x its model. Where workers talk by actor calls (the parameter server's push and
+start-up and 90-100 MiB of memory (N = 64 took 32 s to start and 6 GiB; a ring of 128
+processes 78 s, 11.6 GiB, and 146x its model per step). Where workers talk by actor calls (the parameter server's push and
 pull, the MapReduce driver's map call) or by links that can be made in memory (the ring's
 neighbours: `channels.Slot`), nothing about them needs a process of their own: K of them can
 share one, each still its own object with its own data shard, optimizer state, straggler model

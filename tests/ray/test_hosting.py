@@ -34,7 +34,7 @@ def test_members_are_routed_by_rank_share_processes_and_run_at_once():
             assert [w[0] for w in who] == list(range(5)) and {w[2] for w in who} == {"t"}
             pids = [w[1] for w in who]
             assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]  # ranks 0-1, 2-3, 4
-            assert len(set(pids)) == 3 == cluster.workers
+            assert len(set(pids)) == 3 == cluster.processes
             assert who[0][3] == who[4][3] / 2  # a process's share, split among its members
             t0 = time.monotonic()
             assert ray.get([members[0].nap.remote(0.5), members[1].nap.remote(0.5)], timeout=60) == [0, 1]
