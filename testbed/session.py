@@ -379,7 +379,7 @@ def predictions(spec: StrategySpec, cfg: RunConfig, summary: dict[str, Any], ste
                     "emulation_leak_frac": late / pred.comm_s if pred.comm_s > 0 else None})
         out["emulation_fidelity"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None
         out["fidelity_warning"] = (advice(out["comm_s_per_step"], pred.comm_s, cfg.network.dilation,
-                                          not cfg.workload.real_compute) if len(updates) >= 3 else None)
+                                          not cfg.workload.real_compute, out["emulation_leak_frac"]) if len(updates) >= 3 else None)
     else:
         out["calibrated_fit"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None
     out.update({"predicted_comm_s": pred.comm_s, "predicted_step_s": compute + pred.comm_s,

@@ -144,7 +144,8 @@ SUMMARY = {
     "emulation_fidelity": ("ratio", "emulated network: `comm_s_per_step / predicted_comm_s`; 1 is a "
                                     "perfect emulation"),
     "fidelity_warning": ("", "emulated network: one line when `emulation_fidelity` is off by more than "
-                             "5% (at least 3 updates), with the fix (a --dilation that would fit); "
+                             "5% (at least 3 updates), with the fix (a --dilation that would fit; below the model, one "
+                             "only when the emulator ran late: `emulation_leak_frac` above 0.5); "
                              "`testbed.run` prints it; null otherwise"),
     "faults": ("", "list of faults and recoveries: `kind` (worker-restart, server-restart, nan-skipped), "
                    "`actor`, `iteration`, `t0`, `time_lost_s`, and kind-specific detail"),

@@ -11,6 +11,7 @@ from testbed.analysis import keys
 from testbed.config import NetworkConfig
 from testbed.emulation.dilation import (
     FIDELITY_TOLERANCE,
+    LEAK_LIMIT,
     Dilation,
     advice,
     is_duration,
@@ -112,3 +113,14 @@ def test_advice_below_the_model_and_for_real_compute_offers_no_dilation():
     line = advice(1.5, 1.0, 1.0, False)
     assert "--dilation" not in line.split(":", 1)[1] or "cannot be dilated" in line
     assert advice(math.nan, 1.0, 1.0, True) is None and advice(1.0, 0.0, 1.0, True) is None
+    assert "--dilation" not in advice(0.8, 1.0, 1.0, True, leak=LEAK_LIMIT)  # on time: the model's bug
+
+
+@pytest.mark.parametrize(("leak", "dilation"), [(1.73, 4.0), (0.6, 1.0), (20.0, 12.0)])
+def test_below_the_model_with_a_late_emulator_advises_the_dilation_that_absorbs_the_lateness(leak, dilation):
+    """The N = 64, S = 8 run: 0.92x at leak 1.73 (D = 4); D' scales the leak to LEAK_LIMIT."""
+    line = advice(0.92, 1.0, dilation, True, leak=leak)
+    better = float(line.split("--dilation ")[1].split()[0])
+    assert better > dilation and leak * dilation / better <= LEAK_LIMIT + 1e-12
+    assert f"{leak:.2f}x" in line and "\n" not in line
+    assert "--dilation" not in advice(0.92, 1.0, dilation, False, leak=leak)  # real compute: no dilation
