@@ -46,10 +46,12 @@ class ClusterConfig:
     device: str = opt("auto", check=choice(DEVICES), help="cpu, cuda or auto (cuda when the cluster has GPUs)")
     cpus_per_worker: float | None = opt(None, check=real(0, None, low_ok=False, fix="use a CPU share > 0, e.g. 0.25"),
                                         help="CPU share per worker actor (default: an even share, <= 1)")
-    workers_per_process: int = opt(1, check=integer(1, MAX_WORKERS, "use a positive integer, e.g. 8"),
-                                   help="logical workers sharing one actor process (synthetic workloads of the "
-                                        "strategies whose workers only make actor calls: ps-*, mapreduce); each "
-                                        "keeps its own NIC, data and optimizer state")
+    workers_per_process: int | None = opt(None, check=integer(1, MAX_WORKERS, "use a positive integer, e.g. 8"),
+                                          metavar="K",
+                                          help="logical workers sharing one actor process, each with its own NIC, "
+                                               "data and optimizer state (default: 1 up to 16 workers or on a Ray "
+                                               "cluster; beyond, on a local Ray, at most 16 processes wherever "
+                                               "sharing is allowed: testbed.runtime.hosting)")
     timeout_s: float = opt(120.0, flag="--timeout", check=real(0, None, low_ok=False, fix="use seconds > 0, e.g. 120"),
                            help="seconds any remote wait may take (a hang becomes an error or a restart)")
 

@@ -142,7 +142,8 @@ class Cluster:
                  torch_workers: bool | Callable[[str], bool] = True, colocated: bool = False) -> None:
         # --workers-per-process K: `workers` logical workers live in ceil(workers / K) processes
         # (testbed.runtime.hosting); a bundle, a CPU share and a memory estimate are per process
-        self.per_process = cfg.workers_per_process
+        # (None: a ClusterConfig no run validated, the benchmark's: one process per actor)
+        self.per_process = 1 if cfg.workers_per_process is None else cfg.workers_per_process
         self.ranks = workers
         self.cfg, self.processes, self.servers = cfg, -(-workers // self.per_process), servers
         self.colocated = colocated  # server i in worker i's bundle (same node), not a bundle of its own

@@ -8,6 +8,7 @@ literal, so these tests do not depend on which strategies are registered (or on 
 import json
 import os
 import stat
+from dataclasses import replace
 
 import pytest
 
@@ -45,7 +46,14 @@ def rejects(make, flag, value):
 
 
 def passes(cfg):
-    assert validate(cfg, SPECS) is cfg
+    """Valid: returned as it is, but for the one automatic choice (--workers-per-process), and
+    validating the result again changes nothing."""
+    out = validate(cfg, SPECS)
+    k = out.cluster.workers_per_process
+    assert isinstance(k, int) and k >= 1
+    given = cfg.cluster.workers_per_process is not None
+    assert out == (cfg if given else replace(cfg, cluster=replace(cfg.cluster, workers_per_process=k)))
+    assert validate(out, SPECS) == out
 
 
 # (rule id, overrides, flag, value named in the message)
@@ -332,7 +340,9 @@ def test_derived_properties():
 
 def test_parse_config_defaults_equal_the_dataclass_defaults(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # default --out is relative
-    assert parse_config([], SPECS) == RunConfig()
+    # but for the automatic --workers-per-process, resolved by validation (1 at the default 8 workers)
+    auto = RunConfig()
+    assert parse_config([], SPECS) == replace(auto, cluster=replace(auto.cluster, workers_per_process=1))
 
 
 def test_parse_config_maps_every_part(tmp_path):
@@ -342,7 +352,7 @@ def test_parse_config_maps_every_part(tmp_path):
             "--batch-size", "8", "--lr", "0.05", "--grad-mb", "1.5", "--compute-ms", "2",
             "--payload", "scaled:0.25", "--ps-shards", "3", "--staleness-bound", "2",
             "--bandwidth", "10Gbit", "--latency", "50us"]
-    assert parse_config(argv, SPECS) == _busy_config(tmp_path)
+    assert parse_config(argv, SPECS) == validate(_busy_config(tmp_path), SPECS)
 
 
 def test_parse_config_ring_and_cluster_flags(tmp_path):
@@ -373,3 +383,44 @@ def test_parse_config_bad_argv_raises_config_error(tmp_path, argv, needle):
     assert needle in str(info.value)
     assert "\n" not in str(info.value)
 
+
+
+# ---------------------------------------------------------------- --workers-per-process left out
+
+
+def _auto(monkeypatch, workers, **changes):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    base = {"workload.name": "synthetic", "workload.compute_ms": 0.0, **changes}
+    return validate(with_overrides(RunConfig(strategy=changes.pop("strategy", "ps-sync"), workers=workers),
+                                   **{k: v for k, v in base.items() if k != "strategy"}),
+                    SPECS).cluster.workers_per_process
+
+
+@pytest.mark.parametrize(("workers", "k"), [(1, 1), (16, 1), (17, 2), (64, 4), (128, 8), (4096, 256)])
+def test_auto_hosting_keeps_at_most_16_processes_beyond_16_workers(monkeypatch, workers, k):
+    assert _auto(monkeypatch, workers) == k
+    assert _auto(monkeypatch, workers, strategy="mapreduce") == k
+    assert _auto(monkeypatch, workers, strategy="ring") == k
+
+
+@pytest.mark.parametrize("changes", [
+    {"workload.name": "mlp"},                               # real compute: one interpreter each
+    {"cluster.address": "10.0.0.1:6379"},                   # a real cluster: a process per worker
+    {"strategy": "gossip"},                                 # a strategy that cannot share
+    {"strategy": "ring", "ring.transport": "torch"},        # ... nor the ring over torch.distributed
+    {"faults.fail": "kill:worker=1,at=2"},                  # a fault would take its neighbours down
+    {"ps.servers": 4, "ps.placement": "colocated"},         # a colocated server has its worker's slot
+])
+def test_auto_hosting_is_one_process_per_worker_wherever_sharing_is_refused_or_unfaithful(monkeypatch, changes):
+    assert _auto(monkeypatch, 64, **changes) == 1
+
+
+def test_auto_hosting_is_one_process_per_worker_when_ray_address_names_a_cluster(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    cfg = with_overrides(RunConfig(strategy="ps-sync", workers=64), **{"workload.name": "synthetic"})
+    assert validate(cfg, SPECS).cluster.workers_per_process == 1
+
+
+def test_a_given_workers_per_process_is_kept(monkeypatch):
+    assert _auto(monkeypatch, 64, **{"cluster.workers_per_process": 1}) == 1
+    assert _auto(monkeypatch, 64, **{"cluster.workers_per_process": 32}) == 32
