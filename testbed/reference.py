@@ -20,12 +20,16 @@ A torch model computes here at one intra-op thread, as every worker does at its 
 order, and Adam, which divides by sqrt(v), turns the last-bit difference of a gradient near zero
 into a difference of a whole step (measured: 6e-4 after two steps of a ResNet at 2 threads, 5e-7
 at 1).
+
+The synthetic workload's `--compute-ms` is time, not arithmetic: the reference skips it (a
+30-step run of 3 workers at 100 ms would otherwise sleep 9 s here for the same parameters).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 
@@ -37,7 +41,7 @@ from testbed.workloads import Workload, make_workload
 def reference_training(cfg: RunConfig, steps: int | None = None) -> np.ndarray:
     """Flat parameters after `steps` (default cfg.steps) single-process steps of cfg's optimizer."""
     with _one_thread(cfg.workload.imports_torch("cpu")):
-        model = make_workload(cfg.workload, seed=cfg.seed, workers=cfg.workers)
+        model = make_workload(replace(cfg.workload, compute_ms=0.0), seed=cfg.seed, workers=cfg.workers)
         optimizer = Optimizer(optimizer_for(cfg.workload))
         params = model.get_params()
         for i in range(cfg.steps if steps is None else steps):

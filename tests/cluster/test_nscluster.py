@@ -180,7 +180,7 @@ def test_a_calibration_across_nodes_predicts_a_run_that_spans_them(cluster, tmp_
 def test_a_lost_node_never_hangs_the_run_nor_loses_its_records(cluster, tmp_path):
     """Last: it takes node 2 away (and brings it back for whatever runs after)."""
     argv = [sys.executable, "-m", "testbed.run", "--strategy", "mapreduce", "--workers", "3",
-            "--placement", "spread", "--steps", "40", "--workload", "synthetic", "--grad-mb", "0.01",
+            "--placement", "spread", "--steps", "30", "--workload", "synthetic", "--grad-mb", "0.01",
             "--compute-ms", "100", "--timeout", "30", "--address", cluster["address"], "--quiet",
             "--out", str(tmp_path)]
     head = cluster["nodes"][0]["ns"]
@@ -191,7 +191,7 @@ def test_a_lost_node_never_hangs_the_run_nor_loses_its_records(cluster, tmp_path
         log = None
         while time.monotonic() < deadline and proc.poll() is None:
             log = next(tmp_path.glob("*/records.jsonl"), None)
-            if log is not None and log.read_text().count('"kind": "step"') >= 15:
+            if log is not None and log.read_text().count('"kind": "step"') >= 10:
                 break
             time.sleep(0.2)
         assert proc.poll() is None and log is not None, "the run did not get going"
@@ -208,7 +208,7 @@ def test_a_lost_node_never_hangs_the_run_nor_loses_its_records(cluster, tmp_path
     assert len(steps) >= before  # nothing measured before the loss is lost
     if proc.returncode == 0:  # recovered: the lost node's worker came back on another
         assert s["status"] == "completed" and any(f["kind"] == "worker-restart" for f in s["faults"])
-        assert s["steps"] == 40
+        assert s["steps"] == 30
         np.testing.assert_allclose(run["flat"], reference_training(run["config"]), rtol=1e-4, atol=1e-5)
     else:  # or stopped, saying why in one line
         assert s["status"] == "failed" and len(err.strip().splitlines()) == 1, err[-1000:]
