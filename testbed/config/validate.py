@@ -89,39 +89,43 @@ AUTO_PROCESSES = 16  # the most worker processes the automatic choice starts on 
 def auto_workers_per_process(cfg: RunConfig, specs: Mapping[str, Any]) -> int:
     """--workers-per-process left out: one process per worker up to AUTO_PROCESSES workers, on a
     Ray cluster (--address or RAY_ADDRESS: there each worker is a real machine's process), and
-    wherever sharing a process would be refused (`_validate_hosting`'s rules); otherwise
+    wherever sharing a process is refused (`sharing_refused`); otherwise
     ceil(N / AUTO_PROCESSES), so N = 64 starts 16 processes instead of 64.
 
     Why 16: on 2 cores a worker process costs about 0.5 s to start and 90-100 MiB, and ps-sync
     at N = 64 took 32 s and 6.3 GiB to start 65 processes against 1.7 s and 2.1 GiB for 5, with
     the same fidelity (README, "Many workers on one box"); up to 16 nothing changes, so every
     run of the earlier versions at N <= 16 (the regression baselines among them) is the same."""
-    spec = specs[cfg.strategy]
     n = cfg.workers
     if (n <= AUTO_PROCESSES or cfg.cluster.address or os.environ.get("RAY_ADDRESS")
-            or spec.cannot_share_processes(cfg) or cfg.workload.real_compute or cfg.faults.fail.items
-            or spec.colocated_servers(cfg)):
+            or sharing_refused(cfg, specs[cfg.strategy])):
         return 1
     return -(-n // AUTO_PROCESSES)
 
 
-def _validate_hosting(cfg: RunConfig, specs: Mapping[str, Any]) -> None:
-    """--workers-per-process K > 1: what sharing a process would change (testbed.runtime.hosting)."""
-    k, spec = cfg.cluster.workers_per_process, specs[cfg.strategy]
-    if k == 1:
-        return
+def sharing_refused(cfg: RunConfig, spec: Any) -> str | None:
+    """Why this run's workers cannot share a process, with the fix (testbed.runtime.hosting), or None."""
     why = spec.cannot_share_processes(cfg)
     if why:
-        fail("cluster.workers_per_process", k, f"--strategy {cfg.strategy}: {why}; use 1")
+        return f"--strategy {cfg.strategy}: {why}; use 1"
     if cfg.workload.real_compute:
-        fail("cluster.workers_per_process", k, f"--workload {cfg.workload.name} computes for real, and workers "
-             "sharing a process would take turns on one interpreter; use 1, or --workload synthetic --compute-ms MS")
+        return (f"--workload {cfg.workload.name} computes for real, and workers sharing a process would "
+                "take turns on one interpreter; use 1, or --workload synthetic --compute-ms MS")
     if cfg.faults.fail.items:
-        fail("cluster.workers_per_process", k, "an injected fault would take every worker of its process down; "
-             "use 1 with --fail")
+        return "an injected fault would take every worker of its process down; use 1 with --fail"
     if spec.colocated_servers(cfg):
-        fail("cluster.workers_per_process", k, "a colocated server sits in its worker's process slot; use 1 "
-             "with --ps-placement colocated")
+        return "a colocated server sits in its worker's process slot; use 1 with --ps-placement colocated"
+    return None
+
+
+def _validate_hosting(cfg: RunConfig, specs: Mapping[str, Any]) -> None:
+    """--workers-per-process K > 1: what sharing a process would change (testbed.runtime.hosting)."""
+    k = cfg.cluster.workers_per_process
+    if k == 1:
+        return
+    why = sharing_refused(cfg, specs[cfg.strategy])
+    if why:
+        fail("cluster.workers_per_process", k, why)
     if k > cfg.workers:
         fail("cluster.workers_per_process", k, f"there are only {cfg.workers} workers; use at most {cfg.workers}")
 
