@@ -37,7 +37,7 @@ class ResourcePlan:
 def plan_resources(
     *, workers: int, servers: int, total_cpus: float, total_gpus: float, total_memory: float,
     device: str, cpus_per_worker: float | None, torch_workers: bool | Callable[[str], bool],
-    node_cpus: list[float] | None = None, colocated: bool = False,
+    node_cpus: list[float] | None = None, colocated: bool = False, per_process: int = 1,
 ) -> ResourcePlan:
     """Decide each actor's share; raise ConfigError naming the flag when the cluster is short.
 
@@ -45,7 +45,9 @@ def plan_resources(
     entry per node; None: one node of `total_cpus`): 5 actors on two 2-CPU nodes get 0.666, not
     4/5 = 0.8, which no node could hold three of. Colocated servers double their worker's bundle.
     `torch_workers`: whether worker processes import torch (their memory), or a function of the
-    resolved device that says so."""
+    resolved device that says so. `workers` counts worker processes, each hosting `per_process`
+    logical workers (--workers-per-process): shares and memory are per process, `cpus_per_worker`
+    is per logical worker (a process gets K of them), and the errors name the flags as given."""
     if device == "cuda" and total_gpus < 1:
         raise ConfigError("--device 'cuda': the cluster has no GPU; use --device cpu (or auto)")
     resolved = "cuda" if device == "cuda" or (device == "auto" and total_gpus >= 1) else "cpu"
@@ -54,25 +56,27 @@ def plan_resources(
         torch_workers = torch_workers(resolved)
     per_actor = ACTOR_MEMORY_TORCH if torch_workers else ACTOR_MEMORY_PLAIN
     fit = int(total_memory // per_actor)
+    asked = (f"--workers {workers}" if per_process == 1 else
+             f"--workers-per-process {per_process}: {workers} worker processes")
     if actors > fit:
         raise ConfigError(
-            f"--workers {workers}: {actors} actor processes need about "
+            f"{asked}: {actors} actor processes need about "
             f"{actors * per_actor / 2**30:.1f} GiB but the cluster has {total_memory / 2**30:.1f} GiB; "
-            f"use at most {max(1, fit - servers)} workers or add nodes (--address)"
+            f"use at most {max(1, fit - servers) * per_process} workers or add nodes (--address)"
         )
     if cpus_per_worker is None:
         units = [2] * min(servers, workers) + [1] * (workers - min(servers, workers)) if colocated else [1] * actors
         share = packable_share(units, node_cpus or [total_cpus], min(1.0, total_cpus / actors))
         if share < RAY_GRANULARITY:
-            raise ConfigError(f"--workers {workers}: too many actors for {total_cpus:g} CPUs; use fewer workers")
+            raise ConfigError(f"{asked}: too many actors for {total_cpus:g} CPUs; use fewer workers")
         cpw = cps = share
     else:
-        cpw = cpus_per_worker
+        cpw = cpus_per_worker * per_process  # one process's share
         cps = min(1.0, max(RAY_GRANULARITY, (total_cpus - cpw * workers) / max(servers, 1)))
         if cpw * workers + (cps * servers if servers else 0) > total_cpus + 1e-9:
             raise ConfigError(
-                f"--cpus-per-worker {cpw:g}: {workers} workers need {cpw * workers:g} CPUs but the "
-                f"cluster has {total_cpus:g}; lower it or use fewer workers"
+                f"--cpus-per-worker {cpus_per_worker:g}: {workers * per_process} workers need "
+                f"{cpw * workers:g} CPUs but the cluster has {total_cpus:g}; lower it or use fewer workers"
             )
     gpw = 0.0
     if resolved == "cuda":
@@ -173,6 +177,7 @@ class Cluster:
             workers=self.processes, servers=self.servers, total_cpus=cpus, total_gpus=gpus,
             total_memory=memory, device=self.cfg.device, cpus_per_worker=self.cfg.cpus_per_worker,
             torch_workers=self.torch_workers, node_cpus=node_cpus, colocated=self.colocated,
+            per_process=self.per_process,
         )
 
     def start(self) -> Cluster:

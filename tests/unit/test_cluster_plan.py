@@ -122,3 +122,19 @@ def test_nodes_are_named_by_address_unless_two_share_one():
              {"NodeID": "dd" * 28, "NodeManagerAddress": "10.0.0.3", "Alive": False}]
     assert node_labels(nodes) == {"aa" * 28: "10.0.0.1", "bb" * 28: "10.0.0.2/bbbbbb",
                                   "cc" * 28: "10.0.0.2/cccccc"}
+
+
+def test_shared_processes_are_planned_per_process_and_named_as_given():
+    """--workers-per-process 16: 8 processes of 16 workers. The memory and CPU checks count
+    processes, the errors name the flag and the processes, and the bound they advise is in
+    workers; --cpus-per-worker stays per worker (a process gets 16 of them)."""
+    fit = int(16 * GIB // ACTOR_MEMORY_TORCH)
+    with pytest.raises(ConfigError) as exc:
+        plan(workers=fit + 1, per_process=16)
+    msg = str(exc.value)
+    assert msg.startswith(f"--workers-per-process 16: {fit + 1} worker processes") and "--workers " not in msg
+    assert f"use at most {fit * 16} workers" in msg
+    p = plan(workers=8, per_process=16, total_cpus=2, cpus_per_worker=0.015625)
+    assert p.cpus_per_worker == pytest.approx(0.25)  # 16 workers' shares in each of the 8 processes
+    with pytest.raises(ConfigError, match=r"--cpus-per-worker 0.25: 128 workers need 32 CPUs"):
+        plan(workers=8, per_process=16, cpus_per_worker=0.25)
