@@ -86,24 +86,25 @@ def test_curve_shapes(checked):
     assert ratios["ring"]["8"] < 2, f"ring T(8)/T(2) = {ratios['ring']['8']:.2f}"
 
 
-INJECTED_LATENCY = "5ms"  # per message instead of 50 us (model: T(8)/T(2) 1.75 -> 2.11)
+INJECTED_LATENCY = "5ms"  # per message instead of 50 us (model: T(8) 0.235 s -> 0.304 s)
 
 
 def test_the_check_fails_on_an_injected_slowdown_naming_that_curve(checked, tmp_path):
-    """The ring's points rerun with every message paying INJECTED_LATENCY (2(N-1) messages per
-    step: the ratio T(8)/T(2) grows), put beside this run's other curves and checked by the same
-    code against the committed baseline: only the ring fails. Without it (the fixture's table)
-    the same check passes."""
+    """The ring's largest point reruns with every message paying INJECTED_LATENCY (2(N-1) messages
+    per step), put in place of its measured point beside this run's other curves (T(2) as
+    measured: the ratio T(8)/T(2) grows by 29% in the model) and checked by the same code against
+    the committed baseline: only the ring fails. Without it (the fixture's table) the same check
+    passes."""
     spec = load_spec(SPEC)
     ring = {k: v[0] for k, v in next(g for g in spec.grids if g["strategy"] == ["ring"]).items()}
-    slowed = []
-    for n in spec.grid["workers"]:
-        out = run_strategy(make_config(**{**spec.base, **ring, "workers": n, "steps": 2,
-                                          "network.latency": INJECTED_LATENCY}))
-        slowed.append({"strategy": "ring", "workers": n, "repeat": 0, "status": "completed",
-                       METRIC: shortest_interval(out["steps"]["t_start"], out["updates"]["t_applied"])})
+    n = max(spec.grid["workers"])
+    out = run_strategy(make_config(**{**spec.base, **ring, "workers": n, "steps": 2,
+                                      "network.latency": INJECTED_LATENCY}))
+    slowed = {"strategy": "ring", "workers": n, "repeat": 0, "status": "completed",
+              METRIC: shortest_interval(out["steps"]["t_start"], out["updates"]["t_applied"])}
     table = checked[2]
-    spliced = pd.concat([table[table["strategy"] != "ring"], pd.DataFrame(slowed)], ignore_index=True)
+    keep = (table["strategy"] != "ring") | (table["workers"] != n)
+    spliced = pd.concat([table[keep], pd.DataFrame([slowed])], ignore_index=True)
     data = load_baseline(BASELINE)
     code = check_sweep(spec, tmp_path, data, BASELINE, quiet=True, table=spliced)
     report = json.loads((tmp_path / "regression.json").read_text())

@@ -31,7 +31,7 @@ ARGV = st.lists(st.tuples(st.sampled_from(FLAGS), VALUES), max_size=6).map(
     lambda pairs: [tok for flag, value in pairs for tok in (flag, value)])
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ARGV)
 def test_every_argv_parses_or_fails_with_one_line(argv):
     try:
