@@ -45,7 +45,7 @@ class ClusterConfig:
     placement: str = opt("pack", check=choice(PLACEMENTS), help="placement group: pack or spread")
     device: str = opt("auto", check=choice(DEVICES), help="cpu, cuda or auto (cuda when the cluster has GPUs)")
     cpus_per_worker: float | None = opt(None, check=real(0, None, low_ok=False, fix="use a CPU share > 0, e.g. 0.25"),
-                                        help="CPU share per worker actor (default: an even share, <= 1)")
+                                        help="CPU share per worker; a process of K workers gets K (default: an even share, <= 1)")
     workers_per_process: int | None = opt(None, check=integer(1, MAX_WORKERS, "use a positive integer, e.g. 8"),
                                           metavar="K",
                                           help="logical workers sharing one actor process, each with its own NIC, "
