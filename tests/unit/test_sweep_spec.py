@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -193,3 +194,11 @@ def test_grid_tables_give_the_union_of_their_products(tmp_path):
     path.write_text("grid = []\n[base]\nworkers = 2\n")
     with pytest.raises(ConfigError, match="empty array"):
         load_spec(path)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "experiments").glob("*.toml")),
+                         ids=lambda p: p.stem)
+def test_every_committed_spec_expands_to_valid_points(path, tmp_path):
+    """What the README tells users to run parses, and every point passes the run's validation."""
+    points, _ = expand(load_spec(path), SPECS, str(tmp_path))
+    assert points and all(p.config.strategy in SPECS for p in points)
