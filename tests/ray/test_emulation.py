@@ -17,12 +17,18 @@ SYN = {"workload.name": "synthetic", "workload.compute_ms": 0.0, "workload.grad_
 NET = {**SYN, "network.bandwidth": "1Gbit", "network.latency": "50us"}
 
 
-def _placements(dilation: float) -> dict:
-    """The summaries of the three placements at one dilation."""
-    base = {**NET, "ps.partition_mb": 1.0, "network.dilation": dilation}
+PLACEMENTS = (("one", {}), ("dedicated", {"ps.servers": 4}),
+              ("colocated", {"ps.servers": 4, "ps.placement": "colocated"}))
+
+
+def _placements(dilation: float | None) -> dict:
+    """The summaries of the three placements at one dilation (None: on the real network, no
+    emulated time at all)."""
+    base = {**(NET if dilation else SYN), "ps.partition_mb": 1.0}
+    if dilation:
+        base["network.dilation"] = dilation
     return {name: run_strategy(make_config(strategy="ps-sync", workers=4, steps=3, **base, **extra))["summary"]
-            for name, extra in (("one", {}), ("dedicated", {"ps.servers": 4}),
-                                ("colocated", {"ps.servers": 4, "ps.placement": "colocated"}))}
+            for name, extra in PLACEMENTS}
 
 
 def test_server_placement_follows_the_model_and_the_byteps_argument():
@@ -39,7 +45,12 @@ def test_server_placement_follows_the_model_and_the_byteps_argument():
     no delivery is late for) measured ~10% of the emulated step in every suite run, so the three
     start at 4; where a run measures more than half the tolerance above its model, the three run
     again at the dilation that leaves half (the excess is a fixed real cost: dilating D' / D times
-    divides its share by that)."""
+    divides its share by that). That cost also varies from run to run on a busy machine (the four
+    dedicated servers once measured at most +7.5% at D = 4 and then +16% at D = 6), so each
+    placement also runs on the real network: its communication there is this machine's own cost
+    of the step's calls, measured now, and an emulated step may add at most that divided by the
+    dilation (part of it hides inside emulated transfers), as in tests/ray/test_regression.py."""
+    own = {name: max(0.0, s["comm_s_per_step"]) for name, s in _placements(None).items()}
     dilation = 4.0
     runs = _placements(dilation)
     excess = max(s["emulation_fidelity"] - 1 for s in runs.values())
@@ -48,8 +59,9 @@ def test_server_placement_follows_the_model_and_the_byteps_argument():
         runs = _placements(dilation)
     for name, s in runs.items():
         assert s["ps_partitions"] == 10 and s["ps_placement"] == ("colocated" if name == "colocated" else "dedicated")
-        tol = 0.10 + s["emulation_leak_frac"]
-        assert s["comm_s_per_step"] == pytest.approx(s["predicted_comm_s"], rel=tol), (name, dilation, s)
+        model, measured = s["predicted_comm_s"], s["comm_s_per_step"]
+        high = model * (1.10 + s["emulation_leak_frac"]) + own[name] / dilation
+        assert 0.90 * model <= measured <= high, (name, dilation, f"own {own[name]:.4f} s", s)
     order = ("dedicated", "colocated", "one")
     predicted = [runs[n]["predicted_comm_s"] for n in order]
     assert predicted == sorted(predicted), predicted
