@@ -6,6 +6,12 @@ Prints a progress bar, a summary table and, as the last stdout line, the run fol
 is one stderr line naming the value and the fix, exit 2, before Ray starts. However a run ends
 (testbed/session.py lists the statuses and exit codes: failed 1 or 3, diverged 4, a signal 130)
 it keeps what was measured and says why in one stderr line.
+
+This module imports nothing heavy at its top (numpy, pandas, Ray, torch come with the config and
+the session inside `main`): a signal that arrives while they load, a second or more on a busy
+machine, then finds the command's handler installed and ends the command as interrupted (exit
+130) instead of as a traceback. Only the interpreter's own start, before this module runs, is
+left to Python's default handling.
 """
 
 from __future__ import annotations
@@ -13,28 +19,32 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from testbed.config import ConfigError, RunConfig, build_parser, parse_config
+from testbed.interrupts import INTERRUPTS
+
+if TYPE_CHECKING:
+    from testbed.config import RunConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
-__all__ = ["build_parser", "format_summary", "main", "parse_args"]
+__all__ = ["format_summary", "main", "parse_args"]
 
 
 def parse_args(argv: list[str] | None = None) -> RunConfig:
     """argv -> validated RunConfig for the registered strategies (ConfigError: one line)."""
     from testbed import registry
+    from testbed.config import parse_config
 
     return parse_config(argv, registry.SPECS)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from testbed.interrupts import INTERRUPTS
-
     with INTERRUPTS:
         try:
             with INTERRUPTS.deferred():  # a signal while the command starts is held, then raised
+                from testbed.config import ConfigError
+
                 cfg = parse_args(argv)
                 from testbed.session import execute
         except ConfigError as exc:

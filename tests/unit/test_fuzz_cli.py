@@ -9,9 +9,8 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from testbed.config import ConfigError
+from testbed.config import ConfigError, parse_config
 from testbed.registry import SPECS
-from testbed.run import parse_config
 
 FLAGS = ["--strategy", "--workers", "--steps", "--workload", "--batch-size", "--lr", "--seed",
          "--device", "--grad-mb", "--compute-ms", "--payload", "--placement", "--timeout", "--out",

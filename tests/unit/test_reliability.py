@@ -115,6 +115,35 @@ workers = [1, 2]
 """
 
 
+# A signal at the command's very start (its imports): the process is only running the handler-less
+# interpreter for the first few tens of milliseconds; from then on `testbed.run` owns the signals.
+# The child below sends itself the signal from inside the first import of numpy, where a slow
+# machine was seen to be when a "while Ray starts" signal arrived.
+_SIGNAL_DURING_IMPORTS = """
+import os, runpy, signal, sys
+class Trap:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.{sig})
+        return None
+sys.meta_path.insert(0, Trap())
+sys.argv = ["testbed.run", "--strategy", "ring", "--workers", "8"]
+runpy.run_module("testbed.run", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_command_imports_ends_it_as_interrupted_before_ray(sig):
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", _SIGNAL_DURING_IMPORTS.format(sig=sig)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
+    assert done.stderr.strip() == f"testbed.run: error: interrupted by {sig} before the run started"
+    assert done.stdout == ""
+
+
 def test_a_sweep_folder_belongs_to_one_spec(tmp_path, capsys):
     spec = tmp_path / "guard.toml"
     spec.write_text(SPEC)
