@@ -50,7 +50,7 @@ class ClusterConfig:
                                           metavar="K",
                                           help="logical workers sharing one actor process, each with its own NIC, "
                                                "data and optimizer state (default: 1 up to 16 workers or on a Ray "
-                                               "cluster; beyond, on a local Ray, at most 16 processes wherever "
+                                               "cluster; beyond, on a local Ray, at most 8 processes wherever "
                                                "sharing is allowed: testbed.config.validate)")
     timeout_s: float = opt(120.0, flag="--timeout", check=real(0, None, low_ok=False, fix="use seconds > 0, e.g. 120"),
                            help="seconds any remote wait may take (a hang becomes an error or a restart)")

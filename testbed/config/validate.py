@@ -83,21 +83,26 @@ def validate(cfg: RunConfig, specs: Mapping[str, Any]) -> RunConfig:
     return cfg
 
 
-AUTO_PROCESSES = 16  # the most worker processes the automatic choice starts on one local Ray
+AUTO_ALONE = 16  # up to this many workers, the automatic choice is one process per worker
+AUTO_PROCESSES = 8  # beyond, the most worker processes it starts on one local Ray
 
 
 def auto_workers_per_process(cfg: RunConfig, specs: Mapping[str, Any]) -> int:
-    """--workers-per-process left out: one process per worker up to AUTO_PROCESSES workers, on a
+    """--workers-per-process left out: one process per worker up to AUTO_ALONE workers, on a
     Ray cluster (--address or RAY_ADDRESS: there each worker is a real machine's process), and
     wherever sharing a process is refused (`sharing_refused`); otherwise
-    ceil(N / AUTO_PROCESSES), so N = 64 starts 16 processes instead of 64.
+    ceil(N / AUTO_PROCESSES), so N = 64 starts 8 processes instead of 64.
 
-    Why 16: on 2 cores a worker process costs about 0.5 s to start and 90-100 MiB, and ps-sync
+    Why: on 2 cores a worker process costs about 0.5-0.7 s to start and 90-100 MiB, and ps-sync
     at N = 64 took 32 s and 6.3 GiB to start 65 processes against 1.7 s and 2.1 GiB for 5, with
-    the same fidelity (README, "Many workers on one box"); up to 16 nothing changes, so every
+    the same fidelity (README, "Many workers on one box"). Why 8 beyond 16 workers: the fidelity
+    sweeps (experiments/fidelity.toml, N = 8..128 in at most 8 processes) are within 5% of the
+    model there, and the ring at N = 64 reached its first update in 13.7 s in 8 processes against
+    19.9 s in 16 (actors 5.2 s against 10.3 s, steps 1.5 s against 2.4 s on the real transport: 16
+    processes on 2 cores mostly wait for each other). Up to 16 workers nothing changes, so every
     run of the earlier versions at N <= 16 (the regression baselines among them) is the same."""
     n = cfg.workers
-    if (n <= AUTO_PROCESSES or cfg.cluster.address or os.environ.get("RAY_ADDRESS")
+    if (n <= AUTO_ALONE or cfg.cluster.address or os.environ.get("RAY_ADDRESS")
             or sharing_refused(cfg, specs[cfg.strategy])):
         return 1
     return -(-n // AUTO_PROCESSES)

@@ -15,8 +15,8 @@ def _auto(monkeypatch, workers, **changes):
                     SPECS).cluster.workers_per_process
 
 
-@pytest.mark.parametrize(("workers", "k"), [(1, 1), (16, 1), (17, 2), (64, 4), (128, 8), (4096, 256)])
-def test_auto_hosting_keeps_at_most_16_processes_beyond_16_workers(monkeypatch, workers, k):
+@pytest.mark.parametrize(("workers", "k"), [(1, 1), (16, 1), (17, 3), (64, 8), (128, 16), (4096, 512)])
+def test_auto_hosting_keeps_at_most_8_processes_beyond_16_workers(monkeypatch, workers, k):
     assert _auto(monkeypatch, workers) == k
     assert _auto(monkeypatch, workers, strategy="mapreduce") == k
     assert _auto(monkeypatch, workers, strategy="ring") == k
