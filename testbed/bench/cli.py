@@ -1,7 +1,8 @@
 """Benchmark the allreduce building blocks: our ring against torch's gloo, a PS and MapReduce.
 
 (`python -m testbed.bench network`: a real network's alpha and beta, testbed/bench/network.py;
-`python -m testbed.bench models`: the real models' step time, testbed/bench/models.py.)
+`python -m testbed.bench models`: the real models' step time, testbed/bench/models.py;
+`python -m testbed.bench startup`: how long a run takes to start, testbed/bench/startup.py.)
 
     python -m testbed.bench allreduce --workers 2,4,8 --sizes 4KB,256KB,4MB,64MB \\
         [--repeats 5] [--warmup 2] [--seed 0] [--timeout 120] [--out FILE.json]
@@ -65,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.bench import models, network
+from testbed.bench import models, network, startup
 from testbed.config import MAX_WORKERS, ConfigError
 from testbed.units import format_bytes, format_seconds, parse_size
 
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--out", default=None, help="also write raw samples and derived numbers to this JSON file")
     network.add_arguments(sub)
     models.add_arguments(sub)
+    startup.add_arguments(sub)
     return p
 
 
@@ -125,7 +127,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ns = build_parser().parse_args(argv)
     if ns.command is None:
         raise ConfigError(f"missing benchmark: use '{PROG} allreduce --workers 2,4 --sizes 4KB', "
-                          f"'{PROG} network' or '{PROG} models'")
+                          f"'{PROG} network', '{PROG} models' or '{PROG} startup'")
     if ns.out is not None:
         parent = os.path.dirname(os.path.abspath(ns.out))
         if os.path.isdir(ns.out) or not os.path.isdir(parent):
@@ -135,6 +137,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         return ns
     if ns.command == "models":
         models.validate(ns, _split)
+        return ns
+    if ns.command == "startup":
+        startup.validate(ns, _split)
         return ns
     workers = []
     for item in _split("--workers", ns.workers):
@@ -351,6 +356,17 @@ def main(argv: list[str] | None = None) -> int:
         if ns.out:
             write_json(ns.out, doc)
             print(f"wrote {ns.out}")
+        return EXIT_OK
+    if ns.command == "startup":
+        doc = startup.run_startup(ns)
+        print(startup.report(doc))
+        if ns.out:
+            write_json(ns.out, doc)
+            print(f"wrote {ns.out}")
+        if doc["errors"]:
+            print(f"testbed.bench: error: {len(doc['errors'])} run(s) failed; see the error lines above",
+                  file=sys.stderr)
+            return EXIT_FAILED
         return EXIT_OK
     try:
         doc = run_allreduce(ns)

@@ -47,6 +47,9 @@ def test_bench_allreduce_writes_every_method_verified(tmp_path, capsys):
     (["allreduce", "--bogus"], "--bogus"),
     (["models", "--workloads", "synthetic"], "--workloads 'synthetic'"),
     (["models", "--workers", "0"], "--workers '0'"),
+    (["startup", "--cases", "default,synthetic:0"], "--cases 'synthetic:0'"),
+    (["startup", "--cases", "ring"], "--cases 'ring'"),
+    (["startup", "--repeats", "0"], "--repeats 0"),
 ])
 def test_bench_bad_argument_is_one_line_exit_2(argv, names, capsys):
     assert main(argv) == 2
@@ -96,3 +99,25 @@ def test_bench_models_times_each_model_alone_and_beside_others(tmp_path, capsys)
     assert rows[("transformer", 2)]["model_s"] == rows[("transformer", 1)]["together_s"] * max(1, 2 / doc["cores"])
     assert rows[("transformer", 2)]["together_s"] >= 0.9 * rows[("transformer", 2)]["median_s"]
     assert rows[("transformer", 1)]["params"] == 106240 and "transformer" in text
+
+
+def test_bench_startup_runs_the_command_as_a_user_does_and_splits_its_start(tmp_path, capsys):
+    """A fresh `python -m testbed.run` process (its own private Ray beside this module's): the
+    parts of its first update were each measured, they fit inside the wall this process timed,
+    the run wrote nothing on stderr, and its memory was seen."""
+    out = tmp_path / "startup.json"
+    assert main(["startup", "--cases", "synthetic:4", "--repeats", "1", "--steps", "3",
+                 "--out", str(out)]) == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    assert doc["errors"] == [] and doc["goals"] == []  # no goal is stated for N = 4
+    (run,) = doc["runs"]
+    assert run["case"] == "synthetic:4" and run["workers"] == 4 and run["processes"] == 4
+    assert run["status"] == "completed" and run["stderr_lines"] == 0, run["stderr"]
+    parts = [run[k] for k in ("session_s", "startup_ray_s", "startup_actors_s", "startup_first_update_s")]
+    assert all(p > 0 for p in parts)
+    assert sum(parts) == pytest.approx(run["first_update_after_launch_s"])
+    assert run["first_update_after_launch_s"] < run["wall_s"]
+    assert run["per_process_s"] == pytest.approx(run["startup_actors_s"] / 4)
+    assert run["memory_bytes"] >= 0 and run["memory_per_worker_bytes"] == run["memory_bytes"] / 4
+    text = capsys.readouterr().out
+    assert "python loop" in text and "synthetic:4" in text
