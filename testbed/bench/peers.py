@@ -63,6 +63,18 @@ def system_cpu_s() -> float | None:
     return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
 
 
+def stolen_cpu_s() -> float | None:
+    """CPU-seconds the hypervisor has given other guests while this machine's cores wanted to
+    run since boot (the `steal` column of Linux /proc/stat; None elsewhere). On a virtual
+    machine it makes the same work take longer at times, whatever runs inside."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return v[7] / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def process_cpu_s(pid: int) -> float:
     """CPU-seconds (user + system) process pid has used; 0 if it is not on this machine."""
     try:

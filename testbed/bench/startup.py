@@ -23,7 +23,9 @@ run's summary the path to its first model update, which adds up by construction:
 one (README, "Many workers on one box"). `memory` is the machine's used memory
 (MemTotal - MemAvailable, sampled every 0.1 s) at its peak during the run, above what it was
 just before; `/ worker` divides it by N. `stderr` counts the lines the run wrote there: a normal
-run writes none (Ray's own messages go to the run folder). The stated goals are checked against
+run writes none (Ray's own messages go to the run folder). `steal` is the share of the cores
+the hypervisor gave to other guests during the run (/proc/stat): on a virtual machine the same
+run takes longer when it is high, and the report says so. The stated goals are checked against
 the median of the repeats; `python loop` (10 million empty iterations, timed before the cases)
 says how fast this machine's Python is today, since start-up is mostly Python and machines of
 the same size differ several-fold in it.
@@ -49,6 +51,7 @@ DEFAULT_ARGV = ["--strategy", "ring", "--workers", "8"]  # the README's main com
 # The goals (first update after launch, whole run) in seconds: (case, figure, bound).
 GOALS = [("default", "first_update_after_launch_s", 10.0), ("default", "wall_s", 25.0),
          ("synthetic:64", "first_update_after_launch_s", 20.0)]
+STEAL_NOTED = 0.05  # a run that lost more of its cores than this to the hypervisor is named
 PARTS = [("session_s", "launch -> session"), ("startup_ray_s", "Ray"), ("startup_actors_s", "actors"),
          ("startup_first_update_s", "first update")]
 
@@ -139,12 +142,15 @@ def python_loop_s(iterations: int = 10_000_000) -> float:
 
 
 def measure(case: str, steps: int, timeout: float, folder: str) -> dict[str, Any]:
-    """One fresh run of CASE: the process's wall, its summary's start-up split, memory, stderr.
+    """One fresh run of CASE: the process's wall, its summary's start-up split, memory, stderr,
+    and the share of the cores the hypervisor took away meanwhile.
     A run that fails or outlives TIMEOUT (then ended like Ctrl-C: its Ray stops too) is a
     RuntimeError naming its last stderr line."""
     from testbed.analysis.results import load_run
+    from testbed.bench.peers import stolen_cpu_s
 
     argv = [sys.executable, "-m", "testbed.run", *case_argv(case, steps), "--out", folder, "--quiet"]
+    stolen = stolen_cpu_s()
     with MemoryPeak() as mem:
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -160,11 +166,13 @@ def measure(case: str, steps: int, timeout: float, folder: str) -> dict[str, Any
             raise RuntimeError(f"the {case} run took over --timeout {timeout:g} s and was stopped; "
                                "give it more seconds") from None
         wall = time.monotonic() - t0
+    after = stolen_cpu_s()
+    steal = None if stolen is None or after is None else (after - stolen) / (wall * (os.cpu_count() or 1))
     if proc.returncode != 0 or not out.strip():
         last = (err.strip().splitlines() or ["(no message)"])[-1]
         raise RuntimeError(f"the {case} run exited {proc.returncode}: {last}")
     summary = load_run(out.strip().splitlines()[-1])["summary"]
-    return derive(case, summary, wall, mem.above_idle, err)
+    return {**derive(case, summary, wall, mem.above_idle, err), "steal": steal}
 
 
 def derive(case: str, summary: dict[str, Any], wall: float, memory: int | None, stderr: str) -> dict[str, Any]:
@@ -227,6 +235,10 @@ def _s(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def _share(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0%}"
+
+
 def report(doc: dict[str, Any]) -> str:
     busy = doc.get("busy_before")
     lines = [f"cores: {doc['cores']}; python loop (10M empty iterations): {doc['python_loop_s']:.2f} s"
@@ -240,10 +252,17 @@ def report(doc: dict[str, Any]) -> str:
                      f"{_s(r['startup_ray_s']):>6} + {_s(r['startup_actors_s']):>6} + "
                      f"{_s(r['startup_first_update_s']):>6}  {_s(r['per_process_s']):>6} "
                      f"{'-' if mem is None else f'{mem / 2**20:.0f} MiB':>9} "
-                     f"{'-' if per is None else f'{per / 2**20:.0f} MiB':>8} {r['stderr_lines']:>6}")
+                     f"{'-' if per is None else f'{per / 2**20:.0f} MiB':>8} {r['stderr_lines']:>6} "
+                     f"{_share(r.get('steal')):>5}")
     lines.append("seconds; 1st upd: first model update after launch = session (interpreter, imports, "
                  "config) + Ray + actors + the first update; /proc: actors' part per actor process; "
-                 "memory: the machine's peak above idle")
+                 "memory: the machine's peak above idle; steal: the cores' share the hypervisor took")
+    stolen = [r for r in doc["runs"] if (r.get("steal") or 0) > STEAL_NOTED]
+    if stolen:
+        worst = max(stolen, key=lambda r: r["steal"])
+        lines.append(f"{len(stolen)} run(s) lost over {STEAL_NOTED:.0%} of the cores to other guests of this "
+                     f"virtual machine (up to {worst['steal']:.0%}, {worst['case']} #{worst['repeat'] + 1}): "
+                     "their times are this machine's limit, not the testbed's; rerun when it is quiet")
     for g in doc["goals"]:
         lines.append(f"goal {g['case']} {g['figure']}: {g['value']:.2f} s (median; goal {g['goal']}): "
                      f"{'met' if g['met'] else 'MISSED'}")

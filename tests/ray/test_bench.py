@@ -119,5 +119,6 @@ def test_bench_startup_runs_the_command_as_a_user_does_and_splits_its_start(tmp_
     assert run["first_update_after_launch_s"] < run["wall_s"]
     assert run["per_process_s"] == pytest.approx(run["startup_actors_s"] / 4)
     assert run["memory_bytes"] >= 0 and run["memory_per_worker_bytes"] == run["memory_bytes"] / 4
+    assert run["steal"] is None or 0 <= run["steal"] <= 1
     text = capsys.readouterr().out
     assert "python loop" in text and "synthetic:4" in text

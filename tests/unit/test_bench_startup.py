@@ -42,3 +42,14 @@ def test_the_cases_are_the_readme_command_and_synthetic_rings():
     assert startup.case_argv("synthetic:64", 20) == ["--strategy", "ring", "--workload", "synthetic",
                                                      "--workers", "64", "--steps", "20"]
 
+
+
+def test_a_run_the_hypervisor_slowed_is_named_with_its_share():
+    runs = [{**startup.derive("default", _summary(), wall=12.0, memory=0, stderr=""), "repeat": i, "steal": st}
+            for i, st in enumerate((0.0, 0.25, None))]
+    text = startup.report({"cores": 2, "python_loop_s": 0.2, "busy_before": None, "runs": runs, "errors": [],
+                           "goals": startup.goals(runs)})
+    assert "1 run(s) lost over 5% of the cores" in text and "up to 25%, default #2" in text
+    quiet = startup.report({"cores": 2, "python_loop_s": 0.2, "busy_before": None, "runs": runs[:1],
+                            "errors": [], "goals": []})
+    assert "lost over" not in quiet
