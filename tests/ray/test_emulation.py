@@ -43,9 +43,9 @@ def test_server_placement_follows_the_model_and_the_byteps_argument():
 
     At --dilation 2 this machine's own cost per message (20 actor calls per worker per step, which
     no delivery is late for) measured ~10% of the emulated step in every suite run, so the three
-    start at 4; where a run measures more than half the tolerance above its model, the three run
-    again at the dilation that leaves half (the excess is a fixed real cost: dilating D' / D times
-    divides its share by that). That cost also varies from run to run on a busy machine (the four
+    start at 4; where a run measures more than half the tolerance above its model plus the own
+    cost allowed below, the three run again at the dilation that leaves half (dilating D' / D
+    times divides a fixed real cost's share by that). That cost also varies from run to run on a busy machine (the four
     dedicated servers once measured at most +7.5% at D = 4 and then +16% at D = 6), so each
     placement also runs on the real network: its communication there is this machine's own cost
     of the step's calls, measured now, and an emulated step may add at most that divided by the
@@ -53,8 +53,8 @@ def test_server_placement_follows_the_model_and_the_byteps_argument():
     own = {name: max(0.0, s["comm_s_per_step"]) for name, s in _placements(None).items()}
     dilation = 4.0
     runs = _placements(dilation)
-    excess = max(s["emulation_fidelity"] - 1 for s in runs.values())
-    if excess > 0.05:
+    excess = max((s["comm_s_per_step"] - own[n] / dilation) / s["predicted_comm_s"] - 1 for n, s in runs.items())
+    if excess > 0.05:  # beyond the machine's own cost, which the check below allows anyway
         dilation = min(16.0, math.ceil(dilation * excess / 0.05))
         runs = _placements(dilation)
     for name, s in runs.items():
