@@ -101,6 +101,7 @@ def test_bench_models_times_each_model_alone_and_beside_others(tmp_path, capsys)
     assert rows[("transformer", 1)]["params"] == 106240 and "transformer" in text
 
 
+@pytest.mark.slow  # a CLI process with its own Ray, about 10 s
 def test_bench_startup_runs_the_command_as_a_user_does_and_splits_its_start(tmp_path, capsys):
     """A fresh `python -m testbed.run` process (its own private Ray beside this module's): the
     parts of its first update were each measured, they fit inside the wall this process timed,
