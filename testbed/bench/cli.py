@@ -352,22 +352,11 @@ def main(argv: list[str] | None = None) -> int:
         return _network(ns)
     if ns.command == "models":
         doc = models.run_models(ns)
-        print(models.report(doc))
-        if ns.out:
-            write_json(ns.out, doc)
-            print(f"wrote {ns.out}")
-        return EXIT_OK
+        return _emit(ns, doc, models.report(doc))
     if ns.command == "startup":
         doc = startup.run_startup(ns)
-        print(startup.report(doc))
-        if ns.out:
-            write_json(ns.out, doc)
-            print(f"wrote {ns.out}")
-        if doc["errors"]:
-            print(f"testbed.bench: error: {len(doc['errors'])} run(s) failed; see the error lines above",
-                  file=sys.stderr)
-            return EXIT_FAILED
-        return EXIT_OK
+        failed = f"{len(doc['errors'])} run(s) failed; see the error lines above" if doc["errors"] else None
+        return _emit(ns, doc, startup.report(doc), failed=failed)
     try:
         doc = run_allreduce(ns)
     except ConfigError as exc:  # resource shortfall found by the cluster check
@@ -376,10 +365,19 @@ def main(argv: list[str] | None = None) -> int:
     except ResultMismatch as exc:  # a wrong sum: no timing of it is worth printing
         print(f"testbed.bench: error: {exc}", file=sys.stderr)
         return 1
-    print(report(doc))
+    return _emit(ns, doc, report(doc))
+
+
+def _emit(ns: argparse.Namespace, doc: dict[str, Any], text: str, wrote: str = "",
+          failed: str | None = None) -> int:
+    """Print a benchmark's report, write its document to --out, say it; exit 1 with FAILED's line."""
+    print(text)
     if ns.out:
         write_json(ns.out, doc)
-        print(f"wrote {ns.out}")
+        print(f"wrote {ns.out}{wrote}")
+    if failed:
+        print(f"testbed.bench: error: {failed}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 
@@ -389,14 +387,9 @@ def _network(ns: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"testbed.bench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(network.report(doc))
-    if ns.out:
-        write_json(ns.out, doc)
-        print(f"wrote {ns.out} (use it with python -m testbed.run --calibration {ns.out})")
-    if not doc["paths"]:
-        print("testbed.bench: error: no path could be fitted; see the lines above", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+    return _emit(ns, doc, network.report(doc),
+                 wrote=f" (use it with python -m testbed.run --calibration {ns.out})",
+                 failed=None if doc["paths"] else "no path could be fitted; see the lines above")
 
 
 if __name__ == "__main__":
