@@ -55,23 +55,25 @@ def max_error(result: np.ndarray, expected: np.ndarray, n: int) -> tuple[float, 
 
 def system_cpu_s() -> float | None:
     """CPU-seconds all cores have been busy since boot (Linux /proc/stat; None elsewhere)."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    v = _cpu_ticks()
+    return None if v is None else (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # all but idle, iowait
 
 
 def stolen_cpu_s() -> float | None:
     """CPU-seconds the hypervisor has given other guests while this machine's cores wanted to
     run since boot (the `steal` column of Linux /proc/stat; None elsewhere). On a virtual
     machine it makes the same work take longer at times, whatever runs inside."""
+    v = _cpu_ticks()
+    return None if v is None or len(v) < 8 else v[7] / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_ticks() -> list[int] | None:
+    """The all-CPU line of Linux /proc/stat: user, nice, system, idle, iowait, irq, softirq,
+    steal, ... in clock ticks since boot; None elsewhere."""
     try:
         with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return v[7] / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
+            return [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
         return None
 
 

@@ -4,10 +4,11 @@
         [--out FILE.json]
 
 Each case is a fresh `python -m testbed.run` process (interpreter, imports, its own private Ray,
-its actors), run --repeats times one after the other, its run folder in a temporary directory:
+its actors), run --repeats times one after the other, with `--out` a temporary folder and
+`--quiet` (the folder path is all it prints) added:
 
-  default       `python -m testbed.run --strategy ring --workers 8`, nothing added (the README's
-                main command, all its updates and evaluations: its wall is "the whole run").
+  default       `python -m testbed.run --strategy ring --workers 8` (the README's main command,
+                all its updates and evaluations: its wall is "the whole run").
   synthetic:N   `--strategy ring --workload synthetic --workers N --steps S` (--steps): N
                 emulated workers, as many per process as the run chooses.
 
