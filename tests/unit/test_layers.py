@@ -12,7 +12,8 @@ Layers (lowest first; a module may import its own layer and the ones below):
     ps mapreduce allreduce gossip     the strategies (never each other)
     registry reference                the table of strategies; single-process SGD
     session interrupts evaluation     the one code path of a run; signals; held-out evaluation
-    run sweep sweepspec bench docs    the command lines
+    run sweep sweeprun sweepspec bench docs
+                                      the command lines
 """
 
 import ast
@@ -32,7 +33,7 @@ LAYERS = [
     {"ps", "mapreduce", "allreduce", "gossip"},
     {"registry", "reference"},
     {"session", "interrupts", "evaluation"},
-    {"run", "sweep", "sweepcheck", "sweepspec", "bench", "docs", "nscluster", "__main__", "__init__"},
+    {"run", "sweep", "sweeprun", "sweepcheck", "sweepspec", "bench", "docs", "nscluster", "__main__", "__init__"},
 ]
 STRATEGY_PACKAGES = LAYERS[6]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}

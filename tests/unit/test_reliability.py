@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -134,14 +135,23 @@ runpy.run_module("testbed.run", run_name="__main__")
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_a_signal_while_the_command_imports_ends_it_as_interrupted_before_ray(sig):
+@pytest.mark.parametrize(("module", "argv", "line"), [
+    ("testbed.run", ["--strategy", "ring", "--workers", "8"], "testbed.run: error: interrupted by {sig} before the run started"),
+    ("testbed.sweep", ["experiments/regression.toml", "--out", "{tmp}"],
+     "testbed.sweep: error: interrupted by {sig} before the sweep started"),
+])
+def test_a_signal_while_the_command_imports_ends_it_as_interrupted_before_ray(sig, module, argv, line, tmp_path):
     import subprocess
 
-    done = subprocess.run([sys.executable, "-c", _SIGNAL_DURING_IMPORTS.format(sig=sig)],
-                          capture_output=True, text=True, timeout=120)
+    code = (_SIGNAL_DURING_IMPORTS.format(sig=sig)
+            .replace('["testbed.run", "--strategy", "ring", "--workers", "8"]',
+                     repr([module, *(a.format(tmp=tmp_path) for a in argv)]))
+            .replace('run_module("testbed.run"', f'run_module("{module}"'))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
-    assert done.stderr.strip() == f"testbed.run: error: interrupted by {sig} before the run started"
-    assert done.stdout == ""
+    assert done.stderr.strip() == line.format(sig=sig)
+    assert done.stdout == "" and not list(tmp_path.iterdir())  # nothing ran, no folder
 
 
 def test_a_sweep_folder_belongs_to_one_spec(tmp_path, capsys):

@@ -180,6 +180,12 @@ def test_sweep_module_still_exports_the_spec_functions():
     assert sweep.load_spec is sweepspec.load_spec and sweep.expand is sweepspec.expand
 
 
+def test_the_sweep_help_says_what_the_command_docstring_says():
+    from testbed import sweep, sweeprun
+
+    assert sweep.__doc__.split("\n")[0] == sweeprun.DESCRIPTION
+
+
 def test_grid_tables_give_the_union_of_their_products(tmp_path):
     path = tmp_path / "two.toml"
     path.write_text('[base]\nworkload = "synthetic"\n"network.bandwidth" = "1Gbit"\n'
