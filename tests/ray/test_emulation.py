@@ -93,18 +93,26 @@ def test_fixed_straggler_bounds_every_synchronous_step(strategy):
 
 
 def test_async_fast_workers_keep_their_pace_next_to_a_straggler():
-    base = {"workload.name": "synthetic", "workload.grad_mb": 0.01, "workload.compute_ms": 20.0}
-    free = run_strategy(make_config(strategy="ps-async", workers=3, steps=60, **base))
-    slow = run_strategy(make_config(strategy="ps-async", workers=3, steps=60,
-                                    straggler="fixed:worker=0,delay=200ms", **base))
-
-    def fast_rate(out):
-        s = out["steps"][out["steps"]["worker"] != 0]
-        span = (s["t_start"] + s["compute_s"] + s["comm_s"]).max() - s["t_start"].min()
-        return len(s) / span
-
-    # not held back; they may even run faster, since the sleeping straggler frees a shared core
-    assert fast_rate(slow) >= 0.85 * fast_rate(free)
+    """A 200 ms straggler beside two workers whose steps take 20 ms of compute plus their calls:
+    the fast ones are not held back. Checked within the one run, on scales the straggler sets
+    (a worker held back by it waits about its 200 ms per step; the fast steps take a few tens of
+    ms here, more on a busy machine): their median interval between steps and their calls stay
+    under half the straggler's delay, and they step at least twice as often as it does.
+    (Comparing their rate with a run without the straggler compared two moments of this virtual
+    machine: it once failed at 0.84x with a tenth of the cores taken by the hypervisor.)"""
+    delay = 0.2
+    out = run_strategy(make_config(strategy="ps-async", workers=3, steps=60,
+                                   straggler=f"fixed:worker=0,delay={int(delay * 1000)}ms",
+                                   **{"workload.name": "synthetic", "workload.grad_mb": 0.01,
+                                      "workload.compute_ms": 20.0}))
+    steps = out["steps"].sort_values("t_start")
+    count = steps.groupby("worker").size()
+    fast = steps[steps["worker"] != 0]
+    for worker, own in fast.groupby("worker"):
+        interval = float(np.median(np.diff(own["t_start"].to_numpy())))
+        assert interval < delay / 2, (worker, interval)
+        assert own["comm_s"].median() < delay / 2, (worker, own["comm_s"].median())
+        assert count[worker] >= 2 * count[0], count.to_dict()
 
 
 def test_same_seed_same_injected_delays():
