@@ -70,7 +70,7 @@ def run_network(ns: argparse.Namespace, prog: str) -> dict[str, Any]:
     import ray
 
     from testbed.analysis.provenance import provenance
-    from testbed.bench.peers import busy_fraction
+    from testbed.bench.machine import busy_fraction
     from testbed.config import ClusterConfig
     from testbed.runtime.cluster import Cluster
     from testbed.runtime.rayprocs import start_ray, stop_ray

@@ -20,8 +20,8 @@ run's summary the path to its first model update, which adds up by construction:
                               + actors (the run folder, the actor processes and their wiring)
                               + first update (the actors' first step)
 
-`per process` is the actors' part over the run's worker processes: start-up grows with processes, not workers, once several workers share
-one (README, "Many workers on one box"). `memory` is the machine's used memory
+`per process` is the actors' part over the run's worker processes: start-up grows with
+processes, not workers, once several workers share one (README, "Many workers on one box"). `memory` is the machine's used memory
 (MemTotal - MemAvailable, sampled every 0.1 s) at its peak during the run, above what it was
 just before; `/ worker` divides it by N. `stderr` counts the lines the run wrote there: a normal
 run writes none (Ray's own messages go to the run folder). `steal` is the share of the cores
@@ -45,6 +45,7 @@ import threading
 import time
 from typing import Any
 
+from testbed.bench.machine import busy_fraction, stolen_cpu_s, used_memory
 from testbed.config import MAX_WORKERS, ConfigError
 
 DEFAULT_CASES = "default,synthetic:64"
@@ -53,8 +54,7 @@ DEFAULT_ARGV = ["--strategy", "ring", "--workers", "8"]  # the README's main com
 GOALS = [("default", "first_update_after_launch_s", 10.0), ("default", "wall_s", 25.0),
          ("synthetic:64", "first_update_after_launch_s", 20.0)]
 STEAL_NOTED = 0.05  # a run that lost more of its cores than this to the hypervisor is named
-PARTS = [("session_s", "launch -> session"), ("startup_ray_s", "Ray"), ("startup_actors_s", "actors"),
-         ("startup_first_update_s", "first update")]
+PARTS = ("startup_ray_s", "startup_actors_s", "startup_first_update_s")  # the summary's, after the session
 
 
 def add_arguments(sub: Any) -> None:
@@ -92,16 +92,6 @@ def case_argv(case: str, steps: int) -> list[str]:
         return list(DEFAULT_ARGV)
     return ["--strategy", "ring", "--workload", "synthetic", "--workers", case.split(":")[1],
             "--steps", str(steps)]
-
-
-def used_memory() -> int | None:
-    """The machine's used memory in bytes (MemTotal - MemAvailable), or None off Linux."""
-    try:
-        with open("/proc/meminfo") as fh:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in fh}
-        return info["MemTotal"] - info["MemAvailable"]
-    except (OSError, KeyError, ValueError, IndexError):
-        return None
 
 
 class MemoryPeak:
@@ -148,7 +138,6 @@ def measure(case: str, steps: int, timeout: float, folder: str) -> dict[str, Any
     A run that fails or outlives TIMEOUT (then ended like Ctrl-C: its Ray stops too) is a
     RuntimeError naming its last stderr line."""
     from testbed.analysis.results import load_run
-    from testbed.bench.peers import stolen_cpu_s
 
     argv = [sys.executable, "-m", "testbed.run", *case_argv(case, steps), "--out", folder, "--quiet"]
     stolen = stolen_cpu_s()
@@ -178,7 +167,7 @@ def measure(case: str, steps: int, timeout: float, folder: str) -> dict[str, Any
 
 def derive(case: str, summary: dict[str, Any], wall: float, memory: int | None, stderr: str) -> dict[str, Any]:
     """One run's figures from its summary (raw: the keys as the run wrote them) and what was timed here."""
-    parts = {k: summary.get(k) for k, _ in PARTS if k != "session_s"}
+    parts = {k: summary.get(k) for k in PARTS}
     first = summary.get("first_update_after_launch_s")
     known = [v for v in parts.values() if v is not None]
     session = None if first is None or len(known) < len(parts) else first - sum(known)
@@ -209,8 +198,6 @@ def goals(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_startup(ns: argparse.Namespace) -> dict[str, Any]:
-    from testbed.bench.peers import busy_fraction
-
     loop = python_loop_s()
     busy = busy_fraction(1.0)
     runs: list[dict[str, Any]] = []
@@ -245,7 +232,7 @@ def report(doc: dict[str, Any]) -> str:
     lines = [f"cores: {doc['cores']}; python loop (10M empty iterations): {doc['python_loop_s']:.2f} s"
              + ("" if busy is None else f"; machine busy before: {busy:.0%}"),
              f"{'case':<14} {'N':>4} {'procs':>5} {'wall':>7} {'1st upd':>7} = {'session':>7} + "
-             f"{'Ray':>6} + {'actors':>6} + {'1st':>6}  {'/proc':>6} {'memory':>9} {'/worker':>8} {'stderr':>6}"]
+             f"{'Ray':>6} + {'actors':>6} + {'1st':>6}  {'/proc':>6} {'memory':>9} {'/worker':>8} {'stderr':>6} {'steal':>5}"]
     for r in doc["runs"]:
         mem, per = r["memory_bytes"], r["memory_per_worker_bytes"]
         lines.append(f"{r['case']:<14} {r['workers']:>4} {r['processes']:>5} {_s(r['wall_s']):>7} "
