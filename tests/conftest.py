@@ -71,10 +71,13 @@ def ray_cluster():
     """One local Ray for the session (dashboard off, token auth on, explicit CPUs), started by
     the same code a run uses. A test that needs another cluster shuts this one down and calls
     `restart_session_ray()` when it is done."""
+    from testbed.runtime import pool
     from testbed.runtime.rayprocs import start_ray, stop_ray
 
     start_ray(None, num_cpus=SESSION_CPUS)
+    pool.install(pool.ProcessPool())  # runs of the suite reuse worker processes (see pool.py)
     yield
+    pool.install(None)
     stop_ray()
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -141,6 +142,19 @@ class RingPeer(WorkerBase):
         if self._outgoing is not None:
             self._outgoing.close()
             self._outgoing = None
+
+    def release(self) -> None:
+        """Before its process serves another run (testbed.runtime.pool): links closed, an
+        overlapped step's thread finished, torch.distributed's group (one per process) ended."""
+        comm = self._comm_thread
+        if comm is not None and comm.is_alive():
+            comm.join(timeout=1.0)
+            if comm.is_alive():
+                raise RuntimeError("an overlapped allreduce is still running")
+        self._close_links()
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
     def connect_ring(self, peers: list[Any], left_channel: Any = None) -> None:
         """Object-store transport to the ring neighbours; `left_channel` (the left peer's

@@ -27,39 +27,95 @@ several workers is theirs to say (`StrategySpec.cannot_share_processes`).
 
 from __future__ import annotations
 
+import gc
+import os
+import threading
+import time
+from collections.abc import Iterable
 from typing import Any
 
 
+class StaleCall(RuntimeError):
+    """A call addressed to a worker of an earlier run of a reused process (testbed.runtime.pool)."""
+
+
 class Host:
-    """K logical workers of one class, built in this process, called by rank."""
+    """K logical workers of one class, built in this process, called by rank.
 
-    def __init__(self, worker_cls: type, ranks: list[int], *args: Any, cpus: float = 1.0, **kwargs: Any) -> None:
+    Built with a class and ranks, it holds them for its life (a Ray restart builds them again).
+    Built empty, it is a reusable process (testbed.runtime.pool): `load` builds one run's
+    workers under a new epoch, `unload` drops them; a call carries the epoch of the run that
+    addressed it, so a late call of an earlier run can never reach a later run's worker.
+    """
+
+    def __init__(self, worker_cls: type | None = None, ranks: Iterable[int] = (), *args: Any,
+                 cpus: float = 1.0, **kwargs: Any) -> None:
+        self.epoch = 0
+        self.members: dict[int, Any] = {}
+        self.active = 0  # calls running now (unload reuses the process only when none is)
+        self.lock = threading.Lock()
+        if worker_cls is not None:
+            self.members = {r: worker_cls(*args, rank=r, cpus=cpus, **kwargs) for r in ranks}
+
+    def invoke(self, address: tuple[int, int], method: str, *args: Any, **kwargs: Any) -> Any:
+        epoch, rank = address
+        if epoch != self.epoch:
+            raise StaleCall(f"a call of run epoch {epoch} reached this process in epoch {self.epoch}")
+        with self.lock:
+            self.active += 1
+        try:
+            return getattr(self.members[rank], method)(*args, **kwargs)
+        finally:
+            with self.lock:
+                self.active -= 1
+
+    def load(self, epoch: int, worker_cls: type, ranks: list[int], args: tuple, kwargs: dict[str, Any],
+             cpus: float) -> int:
+        """Build one run's workers in this (reused) process; its pid."""
         self.members = {r: worker_cls(*args, rank=r, cpus=cpus, **kwargs) for r in ranks}
+        self.epoch = epoch
+        return os.getpid()
 
-    def invoke(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.members[rank], method)(*args, **kwargs)
+    def unload(self, grace_s: float = 0.5) -> bool:
+        """Drop the run's workers (each one's `release`, where it has one, first). True when the
+        process is fit for another run: no call of this run still running after `grace_s`."""
+        self.epoch = -1  # from here on every call of the run is refused
+        deadline = time.monotonic() + grace_s
+        while self.active and time.monotonic() < deadline:
+            time.sleep(0.01)
+        idle = self.active == 0
+        for member in self.members.values():
+            release = getattr(member, "release", None)
+            if release is not None:
+                try:
+                    release()
+                except Exception:  # noqa: BLE001 - a worker that cannot release: not reused
+                    idle = False
+        self.members = {}
+        gc.collect()
+        return idle
 
 
 class _Call:
-    __slots__ = ("host", "method", "rank")
+    __slots__ = ("address", "host", "method")
 
-    def __init__(self, host: Any, rank: int, method: str) -> None:
-        self.host, self.rank, self.method = host, rank, method
+    def __init__(self, host: Any, address: tuple[int, int], method: str) -> None:
+        self.host, self.address, self.method = host, address, method
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        return self.host.invoke.remote(self.rank, self.method, *args, **kwargs)
+        return self.host.invoke.remote(self.address, self.method, *args, **kwargs)
 
 
 class Member:
     """One logical worker's handle: `member.method.remote(...)` as on an actor handle."""
 
-    def __init__(self, host: Any, rank: int) -> None:
-        self.host, self.rank = host, rank
+    def __init__(self, host: Any, rank: int, epoch: int = 0) -> None:
+        self.host, self.rank, self.epoch = host, rank, epoch
 
     def __getattr__(self, name: str) -> _Call:
-        if name.startswith("__") or name in ("host", "rank"):  # (pickle, copy: not a remote method)
+        if name.startswith("__") or name in ("host", "rank", "epoch"):  # (pickle, copy: not a remote method)
             raise AttributeError(name)
-        return _Call(self.host, self.rank, name)
+        return _Call(self.host, (self.epoch, self.rank), name)
 
     def __repr__(self) -> str:
         return f"Member(rank={self.rank})"

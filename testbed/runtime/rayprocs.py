@@ -294,6 +294,9 @@ def stop_ray() -> None:
 
     if not ray.is_initialized():
         return
+    from testbed.runtime import pool
+
+    pool.forget()  # its processes go down with this Ray
     node = getattr(ray._private.worker, "_global_node", None)
     raylets = [p.process.pid for p in (getattr(node, "all_processes", None) or {}).get("raylet", [])]
     ours = _ray_descendants()

@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 from testbed.emulation.faults import RestartsExhausted
-from testbed.runtime import hosting
+from testbed.runtime import hosting, pool
 
 STARTUP_S = 180.0  # an actor's start-up (process + imports) on a loaded 2-core machine
 
@@ -81,17 +81,21 @@ def _actor_class(cls: type) -> Any:
     return ray.remote(cls)
 
 
-def spawn(worker_cls: type, cluster: Any, count: int, *args: Any, server: bool = False,
+def spawn(worker_cls: type, cluster: Any, count: int, config: Any, *args: Any, server: bool = False,
           concurrency: int = 1, max_restarts: int = 0, **kwargs: Any) -> list[Any]:
     """Create `count` actors of a class in the run's placement group; return a handle per rank.
 
-    Positional args after `count` go to every constructor; the actor index is passed as the
-    keyword `rank`, its CPU share as `cpus`. Failed calls are never retried by Ray: the
-    strategy redoes the work itself, so that nothing is applied twice. Where the cluster hosts
-    several workers per process (`cluster.per_process` > 1, testbed.runtime.hosting) each
-    process is a `Host` of consecutive ranks, and the handles are its `Member`s.
+    `config` (the RunConfig) and the positional args after it go to every constructor; the
+    actor index is passed as the keyword `rank`, its CPU share as `cpus`. Failed calls are never
+    retried by Ray: the strategy redoes the work itself, so that nothing is applied twice. Where
+    the cluster hosts several workers per process (`cluster.per_process` > 1,
+    testbed.runtime.hosting) each process is a `Host` of consecutive ranks, and the handles are
+    its `Member`s; so they are where a driver's process pool hosts the run (testbed.runtime.pool).
     """
     per_process = 1 if server else getattr(cluster, "per_process", 1)
+    warm = None if server else pool.installed()
+    if warm is not None and warm.admits(cluster, config) is None:
+        return _lend(warm, worker_cls, cluster, count, (config, *args), kwargs, concurrency * per_process + 1)
     if per_process == 1:
         handles = []
         for i in range(count):
@@ -99,7 +103,7 @@ def spawn(worker_cls: type, cluster: Any, count: int, *args: Any, server: bool =
             extra = {"cpus": opts["num_cpus"]} if not server else {}
             handles.append(_actor_class(worker_cls).options(max_concurrency=concurrency, max_restarts=max_restarts,
                                                             max_task_retries=0, **opts)
-                           .remote(*args, rank=i, **extra, **kwargs))
+                           .remote(config, *args, rank=i, **extra, **kwargs))
         return handles
     members = []
     for ranks in hosting.groups(count, per_process):
@@ -107,9 +111,26 @@ def spawn(worker_cls: type, cluster: Any, count: int, *args: Any, server: bool =
         host = (_actor_class(hosting.Host)
                 .options(max_concurrency=concurrency * len(ranks) + 1, max_restarts=max_restarts,
                          max_task_retries=0, **opts)
-                .remote(worker_cls, ranks, *args, cpus=opts["num_cpus"] / len(ranks), **kwargs))
+                .remote(worker_cls, ranks, config, *args, cpus=opts["num_cpus"] / len(ranks), **kwargs))
         members += [hosting.Member(host, r) for r in ranks]
     return members
+
+
+def _lend(warm: Any, worker_cls: type, cluster: Any, count: int, args: tuple, kwargs: dict[str, Any],
+          limit: int) -> list[Any]:
+    """The run's workers built in processes of the pool (each loaded before the first call: a
+    threaded actor does not keep the order of calls)."""
+    groups = hosting.groups(count, cluster.per_process)
+    hosts, epoch = warm.take(limit, len(groups))
+    loads = [h.load.remote(epoch, worker_cls, ranks, args, kwargs,
+                           cluster.options(ranks[0])["num_cpus"] / len(ranks))
+             for h, ranks in zip(hosts, groups, strict=True)]
+    try:
+        get(loads, startup_timeout(cluster.cfg.timeout_s), "worker start-up")
+    except BaseException:
+        warm.give_back(hosts)
+        raise
+    return [hosting.Member(h, r, epoch) for h, ranks in zip(hosts, groups, strict=True) for r in ranks]
 
 
 def kill(handle: Any, no_restart: bool = True) -> None:
@@ -118,7 +139,15 @@ def kill(handle: Any, no_restart: bool = True) -> None:
 
 
 def kill_all(handles: list[Any]) -> None:
-    for h in {id(p): p for p in map(hosting.process_of, handles)}.values():
+    """End a run's actors: kill their processes, or give them back to the pool they came from."""
+    procs = list({id(p): p for p in map(hosting.process_of, handles)}.values())
+    warm = pool.installed()
+    lent = [p for p in procs if warm is not None and warm.lent(p)]
+    if lent:
+        warm.give_back(lent)
+    for h in procs:
+        if any(h is p for p in lent):
+            continue
         try:
             ray.kill(h, no_restart=True)
         except Exception:  # noqa: BLE001 - already dead is fine
