@@ -208,10 +208,10 @@ class ShardActor:
     stops.
     """
 
-    def __init__(self, sizes: dict[int, int], net: NetworkConfig, rank: int, logical_factor: float,
+    def __init__(self, sizes: dict[int, int], net: NetworkConfig, logical_factor: float,
                  checkpoint_dir: str | None = None, checkpoint_every: int = 0,
                  faults: tuple[Fault, ...] = (), compression: CompressionSpec | None = None,
-                 nic: str | None = None, local_worker: int | None = None, **state: Any) -> None:
+                 nic: str | None = None, local_worker: int | None = None, *, rank: int, **state: Any) -> None:
         # Small constructor arguments only: Ray keeps them to rerun __init__ on a restart (a large
         # array would live in the object store for that); parameters come by `set_params`.
         self.parts = {p: ShardState(np.zeros(n, np.float32), **state) for p, n in sizes.items()}

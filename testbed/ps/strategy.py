@@ -34,8 +34,6 @@ from testbed.runtime import remote
 from testbed.strategy import Strategy
 from testbed.workloads.base import unflatten
 
-RemoteShard = ray.remote(ShardActor)
-
 
 class ParameterServer(Strategy):
     def setup(self) -> None:
@@ -61,11 +59,11 @@ class ParameterServer(Strategy):
         if ckpt and cfg.faults.checkpoint_every:
             Path(ckpt).mkdir(parents=True, exist_ok=True)
         self.shards = [
-            RemoteShard.options(max_concurrency=2 * n * max(1, len(self.parts.on_server(i))) + 4,
-                                max_restarts=cfg.faults.max_restarts, max_task_retries=0,
-                                **self.cluster.options(i, server=True)).remote(
+            remote.spawn_server(
+                ShardActor, self.cluster, i, cfg,
                 {p: self.parts.bounds[p][1] - self.parts.bounds[p][0] for p in self.parts.on_server(i)},
-                cfg.network, i, factor, checkpoint_dir=ckpt,
+                cfg.network, factor, concurrency=2 * n * max(1, len(self.parts.on_server(i))) + 4,
+                max_restarts=cfg.faults.max_restarts, checkpoint_dir=ckpt,
                 checkpoint_every=cfg.faults.checkpoint_every, faults=cfg.faults.fail.items,
                 compression=cfg.compression, nic=self.nics[i], local_worker=i if self.colocated else None,
                 optimizer=optimizer_for(cfg.workload), snapshot_every=self.eval_every, sync=self.sync, workers=n, backup=cfg.ps.backup_workers,

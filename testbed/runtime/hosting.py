@@ -70,9 +70,10 @@ class Host:
                 self.active -= 1
 
     def load(self, epoch: int, worker_cls: type, ranks: list[int], args: tuple, kwargs: dict[str, Any],
-             cpus: float) -> int:
-        """Build one run's workers in this (reused) process; its pid."""
-        self.members = {r: worker_cls(*args, rank=r, cpus=cpus, **kwargs) for r in ranks}
+             cpus: float | None) -> int:
+        """Build one run's workers (a server: cpus None) in this (reused) process; its pid."""
+        share = {} if cpus is None else {"cpus": cpus}
+        self.members = {r: worker_cls(*args, rank=r, **share, **kwargs) for r in ranks}
         self.epoch = epoch
         return os.getpid()
 

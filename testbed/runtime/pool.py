@@ -41,6 +41,7 @@ from testbed.runtime import hosting
 
 MAX_IDLE = 24  # idle processes kept (about 110 MiB each, 300 MiB once a run imported torch)
 MAX_USES = 25  # runs one process serves before it is replaced
+MIN_THREADS = 16
 GIVE_BACK_S = 5.0  # how long the processes of an ended run get to unload
 
 
@@ -71,9 +72,10 @@ class ProcessPool:
             return "the run injects faults (--fail)"
         return None
 
-    def take(self, limit: int, count: int) -> tuple[list[Any], int]:
-        """`count` hosts of thread limit `limit` (idle ones first, new ones for the rest) and the
-        epoch the run's workers are to be loaded under."""
+    def take(self, threads: int, count: int) -> tuple[list[Any], int]:
+        """`count` hosts that run at least `threads` calls at once (idle ones first, new ones for
+        the rest) and the epoch the run's workers are to be loaded under."""
+        limit = thread_limit(threads)
         idle = self.idle.setdefault(limit, [])
         hosts = [idle.pop() for _ in range(min(count, len(idle)))]
         self.reused += len(hosts)
@@ -125,6 +127,14 @@ class ProcessPool:
         self.idle.clear()
         self.hosts.clear()
         self.uses.clear()
+
+
+def thread_limit(threads: int) -> int:
+    """A pooled process's limit of calls at once: the run's need rounded up to a power of two, at
+    least MIN_THREADS, so that runs of different strategies and sizes share processes. A higher
+    limit only lets a call start that would have queued: every worker and server of this package
+    is a threaded actor already (limit >= 2), and none relies on a call queueing."""
+    return max(MIN_THREADS, 1 << max(0, threads - 1).bit_length())
 
 
 _installed: ProcessPool | None = None

@@ -116,21 +116,35 @@ def spawn(worker_cls: type, cluster: Any, count: int, config: Any, *args: Any, s
     return members
 
 
+def spawn_server(server_cls: type, cluster: Any, index: int, config: Any, *args: Any, concurrency: int = 1,
+                 max_restarts: int = 0, **kwargs: Any) -> Any:
+    """Create server `index` of the run (its own constructor args; `config` only decides whether
+    a driver's process pool may host it); the keyword `rank` is its index."""
+    warm = pool.installed()
+    if warm is not None and warm.admits(cluster, config) is None:
+        (member,) = _lend(warm, server_cls, cluster, 1, args, kwargs, concurrency + 1, ranks=[[index]])
+        return member
+    return (_actor_class(server_cls)
+            .options(max_concurrency=concurrency, max_restarts=max_restarts, max_task_retries=0,
+                     **cluster.options(index, server=True))
+            .remote(*args, rank=index, **kwargs))
+
+
 def _lend(warm: Any, worker_cls: type, cluster: Any, count: int, args: tuple, kwargs: dict[str, Any],
-          limit: int) -> list[Any]:
-    """The run's workers built in processes of the pool (each loaded before the first call: a
-    threaded actor does not keep the order of calls)."""
-    groups = hosting.groups(count, cluster.per_process)
-    hosts, epoch = warm.take(limit, len(groups))
-    loads = [h.load.remote(epoch, worker_cls, ranks, args, kwargs,
-                           cluster.options(ranks[0])["num_cpus"] / len(ranks))
-             for h, ranks in zip(hosts, groups, strict=True)]
+          threads: int, ranks: list[list[int]] | None = None) -> list[Any]:
+    """The run's workers (`ranks`: a server's) built in processes of the pool, each loaded
+    before the first call (a threaded actor does not keep the order of calls)."""
+    groups = ranks or hosting.groups(count, cluster.per_process)
+    hosts, epoch = warm.take(threads, len(groups))
+    cpus = [None if ranks else cluster.options(g[0])["num_cpus"] / len(g) for g in groups]
+    loads = [h.load.remote(epoch, worker_cls, g, args, kwargs, c)
+             for h, g, c in zip(hosts, groups, cpus, strict=True)]
     try:
         get(loads, startup_timeout(cluster.cfg.timeout_s), "worker start-up")
     except BaseException:
         warm.give_back(hosts)
         raise
-    return [hosting.Member(h, r, epoch) for h, ranks in zip(hosts, groups, strict=True) for r in ranks]
+    return [hosting.Member(h, r, epoch) for h, g in zip(hosts, groups, strict=True) for r in g]
 
 
 def kill(handle: Any, no_restart: bool = True) -> None:

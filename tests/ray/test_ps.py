@@ -78,7 +78,7 @@ def test_backup_worker_drops_exactly_one_gradient_per_version():
 def test_retried_push_is_not_applied_twice():
     cfg = make_config(strategy="ps-async", workers=1)
     shard = ray.remote(ShardActor).options(num_cpus=0.1, max_concurrency=4).remote(
-        {0: 4}, cfg.network, 0, 1.0, optimizer=OptimizerSpec(lr=1.0), sync=False, workers=1)
+        {0: 4}, cfg.network, 1.0, rank=0, optimizer=OptimizerSpec(lr=1.0), sync=False, workers=1)
     g = np.ones(4, np.float32)
     first = ray.get(shard.push.remote(0, g, 0, 0, 0, 1.0, None), timeout=30)
     again = ray.get(shard.push.remote(0, g, 0, 0, 0, 1.0, None), timeout=30)
