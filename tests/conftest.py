@@ -1,11 +1,18 @@
-"""Test tiers and the one Ray of a test session.
+"""Test tiers, the two halves the suite runs in, and the one Ray of each.
 
     tests/unit   no Ray (checked below), no cluster; seconds
-    tests/ray    marked `ray`: one local Ray for the whole session, started on first use
+    tests/ray    marked `ray`: one local Ray per test process, started on first use
     slow         the long end-to-end checks (sweeps, signals, hangs); `pytest -m "not slow"`
                  is the inner loop, plain `pytest` the full suite CI runs
     own_ray      runs the CLI in processes of its own, each with its own Ray (not the session's)
     gpu          needs a CUDA device; skipped with the reason otherwise
+
+The suite runs in two processes (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml): about
+half of its time the cores sit idle while tests wait on emulated transfers, timeouts and
+processes of their own, so two streams of tests fill them. The Ray tier is split by file into two
+groups (`RAY_GROUPS`), each run whole by one process with a Ray of its own; the unit tests go to
+whichever process is free, after the namespace cluster. `pytest -n 0` runs everything in one
+process, in the same order.
 """
 
 import sys
@@ -16,19 +23,46 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
+# The Ray tier's files in two groups. Group "b" holds the reliability batch, which starts with the
+# group's first test, so "b" takes longer (2-core machine, both groups at once: b 210 s, a 190 s);
+# the process that ends "a" first runs the namespace cluster (75 s) next, the other the unit tests.
+RAY_GROUPS = {
+    "a": ("test_algorithms", "test_bench", "test_channels", "test_cli", "test_compression_strategies",
+          "test_convergence", "test_emulation", "test_equivalence", "test_fidelity", "test_gossip",
+          "test_gpu", "test_hosting", "test_plumbing"),
+    "b": ("test_faults", "test_multinode", "test_notebook", "test_pool", "test_ps",
+          "test_regression", "test_reliability", "test_ring", "test_sweep"),
+}
+BATCH_GROUP = "b"
+
+
+def ray_group(item) -> str | None:
+    """The group of a tests/ray item ("ray-a", "ray-b"), None for the other tiers."""
+    path = Path(item.fspath)
+    if HERE / "ray" not in path.parents:
+        return None
+    group = next((g for g, files in RAY_GROUPS.items() if path.stem in files), None)
+    assert group is not None, f"{path.name} is in no group of tests/conftest.py RAY_GROUPS: add it to one"
+    return f"ray-{group}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Mark the tiers; GPU tests skip with a reason when no CUDA device is present."""
+    """Mark the tiers and the groups; GPU tests skip with a reason when no CUDA device is present."""
     for item in items:
-        if HERE / "ray" in Path(item.fspath).parents:
+        group = ray_group(item)
+        if group is not None:
             item.add_marker(pytest.mark.ray)
+            item.add_marker(pytest.mark.xdist_group(group))
             if "own_ray" not in item.keywords:
                 item.fixturenames.insert(0, "ray_up")  # every Ray test shares the session's Ray
-    # the two-node test takes the session's Ray down: run it late, so nothing has to start it
-    # again; the namespace cluster last, alone on the machine (not beside the reliability batch,
-    # which starts its processes when collection ends and would slow the cluster's start 3-fold)
-    late = [item for item in items if item.nodeid.startswith("tests/ray/test_multinode.py")]
-    last = [item for item in items if item.nodeid.startswith("tests/cluster/")]
-    items[:] = [item for item in items if item not in late and item not in last] + late + last
+        elif HERE / "cluster" in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+    # the two-node test takes its process's Ray down: run it late, so nothing has to start it
+    # again; then the namespace cluster (not at the start, beside the reliability batch: that
+    # slowed the cluster's start 3-fold), and the unit tests, which fill whatever time is left
+    order = ("tests/ray/test_multinode.py", "tests/cluster/", "tests/unit/")
+    items.sort(key=lambda item: next((i + 1 for i, p in enumerate(order) if item.nodeid.startswith(p)), 0))
     if not any("gpu" in item.keywords for item in items):
         return
     try:
@@ -45,10 +79,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def pytest_collection_finish(session):
-    """Cases that mostly wait on processes of their own (test_reliability) start now, beside the
-    rest of the suite, when any of them was collected."""
-    if any(item.nodeid.startswith("tests/ray/test_reliability.py") for item in session.items):
+def pytest_runtest_setup(item):
+    """Cases that mostly wait on processes of their own (test_reliability) start with the first
+    test of their group, in the process that runs the group, and overlap the rest of it."""
+    if ray_group(item) != f"ray-{BATCH_GROUP}":
+        return
+    if any(Path(i.fspath).name == "test_reliability.py" for i in item.session.items):
         import tempfile
 
         from tests.ray.test_reliability import Batch
