@@ -14,11 +14,13 @@ def test_dilation_stretches_compute_and_network_and_reports_them_undilated():
     the configured compute and the model's communication back (a run that only divided, or only
     slowed, would be off by D)."""
     d, compute = 4.0, 0.03
+    job = {"workload.grad_mb": 4.0, "workload.payload": "scaled:0.01", "workload.compute_ms": compute * 1e3,
+           "ring.overlap": False, "ring.bucket_mb": 1.2}
     cfg = make_config(strategy="ring", workers=2, steps=4, **{
-        "workload.grad_mb": 4.0, "workload.payload": "scaled:0.01", "workload.compute_ms": compute * 1e3,
-        "ring.overlap": False, "ring.bucket_mb": 1.2, "network.bandwidth": "1Gbit",
-        "network.latency": "50us", "network.dilation": d})
+        **job, "network.bandwidth": "1Gbit", "network.latency": "50us", "network.dilation": d})
     out = run_strategy(cfg)
+    # this machine's own cost of the same buckets' allreduce, now: the run on the real network
+    own = sum(run_strategy(make_config(strategy="ring", workers=2, steps=4, **job))["summary"]["bucket_allreduce_s"])
     s = out["summary"]
     assert s["dilation"] == d
     # buckets by logical bytes: 8 tensors of 0.5 MiB, two to a 1.2 MiB bucket (physically all
@@ -28,10 +30,12 @@ def test_dilation_stretches_compute_and_network_and_reports_them_undilated():
     # the sleep never ends early; what runs late is real overhead, divided by D as well
     assert compute <= measured < compute * 1.25, measured
     # The emulated network: the four buckets' allreduce, as measured by the ring, against the
-    # model (10%, plus the share this run measured arriving after its emulated delivery).
-    tol = 0.10 + s["emulation_leak_frac"]
-    network = sum(s["bucket_allreduce_s"])
-    assert network == pytest.approx(s["predicted_comm_s"], rel=tol), s
+    # model: 10%, plus the share this run measured arriving after its emulated delivery, plus
+    # this machine's own cost of the same calls divided by D (part of it hides inside emulated
+    # transfers; a busy machine measured 0.0381 s against 0.0340 s). Below it only the 10%.
+    model, network = s["predicted_comm_s"], sum(s["bucket_allreduce_s"])
+    high = model * (1.10 + s["emulation_leak_frac"]) + own / d
+    assert 0.90 * model <= network <= high, (network, model, high, own, s)
     # The step as a whole: besides compute and the buckets' allreduce it holds this machine's
     # per-step work (optimizer step, hand-offs, records), real time divided by D like the rest and
     # not part of the model, so it is checked for the factor D (0.25x or 4x) only.
