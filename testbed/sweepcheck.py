@@ -92,11 +92,11 @@ def check_sweep(spec: Spec, sweep_dir: Path, data: Mapping[str, Any], baseline_p
 
     table = baseline.load_sweep(sweep_dir) if table is None else table
     try:
-        measured = baseline.curve_ratios(table)
+        measured, late = baseline.curve_ratios(table), baseline.curve_late(table)
     except ValueError as exc:
         print(f"testbed.sweep: error: {exc}", file=sys.stderr)
         return 1
-    rows = regression.check(measured, data)
+    rows = regression.check(measured, data, late)
     context = {"spec_name": spec.name, "spec_identity": spec_hash(spec), "repeats": spec.repeats,
                "baseline_path": str(baseline_path), "provenance": provenance()}
     report = regression.write_report(sweep_dir, rows, data, context)

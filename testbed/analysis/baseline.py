@@ -148,6 +148,19 @@ def model_ratios(table: pd.DataFrame) -> Curves:
     return _median(repeat_ratios(table, MODEL_METRIC))
 
 
+LATE = "emulation_leak_frac"  # the share of a run's emulated time its messages arrived late
+
+
+def curve_late(table: pd.DataFrame) -> Curves:
+    """Per strategy and N, the median share of emulated time its runs' messages arrived after
+    their emulated delivery (`emulation_leak_frac`: the emulator could not keep up); {} for a
+    table without it (a real network), nothing for a point whose runs did not record it."""
+    if LATE not in table.columns:
+        return {}
+    return {s: {str(n): float(np.median(list(reps.values()))) for n, reps in sorted(c.items())}
+            for s, c in _values(table, LATE).items()}
+
+
 def spread(values: list[float]) -> float | None:
     """Relative standard deviation (ddof 1) of one point's repeated ratios; None below 2."""
     if len(values) < 2:

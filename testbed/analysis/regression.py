@@ -5,10 +5,18 @@ Pure (no Ray). `testbed.sweep --check` runs a spec afresh, then calls `check` an
 
 Each point (curve = strategy, N) gets one row:
 
-    curve  N  baseline  measured  drift  band  model  off-model  verdict
+    curve  N  baseline  measured  drift  band  late  model  off-model  verdict
 
 - drift     = measured / baseline - 1, failing beyond the point's band (`baseline.band`,
-              derived from the spread the baseline measured);
+              derived from the spread the baseline measured) plus `late`;
+- late      = the share of emulated time whose messages arrived after their emulated delivery in
+              this check's runs at N and at N0, added (`emulation_leak_frac`): a machine too busy
+              to keep the emulator on time stretches both T(N) and T(N0) by at most that much. A
+              point that drifts beyond its band but within `late` passes, and the report names it
+              as what this machine could not resolve (beside a CPU hog the ring's T(8)/T(2) moved
+              +6.1% against a 5% band, with 9.5% of its emulated time late at N = 8); a slowdown
+              of the code that keeps messages on time (the injected latency of
+              tests/ray/test_regression.py) is not covered by it and fails;
 - off-model = measured / model - 1 (emulated curves only), failing beyond MODEL_TOLERANCE;
 - verdict   = "ok", "drift", "off model", "not measured" (the run failed, or N is gone)
               or "not in baseline" (a new curve or N: refresh the baseline deliberately).
@@ -45,10 +53,16 @@ class Row:
     off_model: float | None
     model_tolerance: float
     verdict: str
+    late: float = 0.0
 
     @property
     def failed(self) -> bool:
         return self.verdict != "ok"
+
+    @property
+    def unresolved(self) -> bool:
+        """Passed only by the emulator's lateness: beyond the band, within band + late."""
+        return self.verdict == "ok" and self.drift is not None and abs(self.drift) > self.band
 
     def message(self) -> str:
         """One line for a failing row: what moved, by how much, against what."""
@@ -58,14 +72,23 @@ class Row:
         if self.verdict == "not in baseline":
             return f"{self.curve}: N={self.n} is not in the baseline; refresh it: {REFRESH}"
         if self.verdict == "drift":
+            late = f" + {self.late:.1%} late" if self.late else ""
             return (f"{self.curve}: {ratio} is {self.measured:.2f}, baseline {self.baseline:.2f} "
-                    f"({self.drift:+.1%}, band {self.band:.1%})")
+                    f"({self.drift:+.1%}, band {self.band:.1%}{late})")
+        if self.unresolved:
+            return (f"{self.curve}: {ratio} is {self.measured:.2f}, baseline {self.baseline:.2f} "
+                    f"({self.drift:+.1%}): beyond the band {self.band:.1%} but within the {self.late:.1%} "
+                    "of emulated time that arrived late, so this machine could not resolve it; rerun "
+                    "on an idle machine or at a higher --dilation")
         return (f"{self.curve}: {ratio} is {self.measured:.2f}, cost model {self.model:.2f} "
                 f"({self.off_model:+.1%}, tolerance {self.model_tolerance:.0%})")
 
 
-def check(measured: Curves, data: Mapping[str, Any]) -> list[Row]:
-    """One row per (curve, N) in the measurement or the baseline DATA (`load_baseline`)."""
+def check(measured: Curves, data: Mapping[str, Any], late: Curves | None = None) -> list[Row]:
+    """One row per (curve, N) in the measurement or the baseline DATA (`load_baseline`); `late`:
+    per curve and N, the share of emulated time the measurement's runs received late
+    (`baseline.curve_late`), added to the band of T(N)/T(N0) for N and N0."""
+    late = late or {}
     rows = []
     base, bands, model = data["ratios"], data.get("band", {}), data.get("model_ratios", {})
     for curve in sorted(set(measured) | set(base)):
@@ -79,17 +102,19 @@ def check(measured: Curves, data: Mapping[str, Any]) -> list[Row]:
             off = None if g is None or m is None else g / m - 1
             b = bands.get(curve, {}).get(key)
             b = band(None) if b is None else float(b)
+            lag = late.get(curve, {})
+            extra = 0.0 if n == n0 else max(0.0, lag.get(key, 0.0)) + max(0.0, lag.get(str(n0), 0.0))
             if g is None:
                 verdict = "not measured"
             elif r is None:
                 verdict = "not in baseline"
-            elif abs(drift) > b:
+            elif abs(drift) > b + extra:
                 verdict = "drift"
             elif off is not None and abs(off) > MODEL_TOLERANCE:
                 verdict = "off model"
             else:
                 verdict = "ok"
-            rows.append(Row(curve, n, n0, r, g, drift, b, m, off, MODEL_TOLERANCE, verdict))
+            rows.append(Row(curve, n, n0, r, g, drift, b, m, off, MODEL_TOLERANCE, verdict, extra))
     return rows
 
 
@@ -101,12 +126,13 @@ def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
-HEADER = ("curve", "N", "baseline", "measured", "drift", "band", "model", "off model", "verdict")
+HEADER = ("curve", "N", "baseline", "measured", "drift", "band", "late", "model", "off model", "verdict")
 
 
 def _cells(r: Row) -> tuple[str, ...]:
     return (r.curve, str(r.n), _num(r.baseline, ".3f"), _num(r.measured, ".3f"), _num(r.drift, "+.1%"),
-            _num(r.band, ".1%"), _num(r.model, ".3f"), _num(r.off_model, "+.1%"), r.verdict)
+            _num(r.band, ".1%"), _num(r.late, ".1%"), _num(r.model, ".3f"), _num(r.off_model, "+.1%"),
+            r.verdict + (" (unresolved)" if r.unresolved else ""))
 
 
 def text_table(rows: list[Row]) -> str:
@@ -122,14 +148,16 @@ def markdown(rows: list[Row], data: Mapping[str, Any], context: Mapping[str, Any
     ok = passed(rows)
     prov, here = data.get("provenance", {}), context.get("provenance", {})
     lines = [f"### Scaling-curve regression: {'PASS' if ok else 'FAIL'} ({context.get('spec_name', '?')})", ""]
-    lines += [f"- {r.message()}" for r in rows if r.failed] + ([""] if not ok else [])
+    noted = [r for r in rows if r.failed or r.unresolved]
+    lines += [f"- {r.message()}" for r in noted] + ([""] if noted else [])
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
     tol = data.get("tolerance", {})
     lines += ["", f"Ratios T(N)/T(N0) of each run's shortest step interval (`{data.get('metric')}`). "
               f"Band per point: {tol.get('rule', '?')} (floor {tol.get('floor', '?')}, factor "
-              f"{tol.get('factor', '?')}, from {data.get('repeats', '?')} repeats). Cost model: within "
-              f"{MODEL_TOLERANCE:.0%}, emulated curves only.", "",
+              f"{tol.get('factor', '?')}, from {data.get('repeats', '?')} repeats), plus `late`: the "
+              "share of emulated time this run's messages at N and N0 received after their emulated "
+              f"delivery. Cost model: within {MODEL_TOLERANCE:.0%}, emulated curves only.", "",
               f"- baseline: `{context.get('baseline_path', '?')}`, {data.get('mode')} network, measured "
               f"{data.get('created')} at commit `{str(prov.get('git_commit'))[:12]}`"
               f"{' (uncommitted changes)' if prov.get('git_dirty') else ''} on {_machine(prov)}",

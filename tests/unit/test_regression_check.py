@@ -65,6 +65,29 @@ def test_within_the_band_passes_and_beyond_it_fails_naming_the_curve(tmp_path):
     assert rows[3].message() == "ring: T(8)/T(2) is 1.91, baseline 1.80 (+6.0%, band 5.0%)"
 
 
+def test_a_drift_within_what_the_emulator_received_late_passes_and_is_named(tmp_path):
+    """Beside a CPU hog the ring's T(8)/T(2) moved +6.1% with 9.5% of its emulated time late at
+    N = 8: the run itself measured that it could not resolve the point. The same drift with the
+    emulator on time (a slower code path, an injected latency) fails."""
+    data = made(tmp_path)
+    one = table()[table()["repeat"] == 0].copy()
+    ring8 = (one["strategy"] == "ring") & (one["workers"] == 8)
+    one.loc[ring8, baseline.METRIC] = 0.9 * 1.06
+    one[baseline.LATE] = 0.0
+    assert [r.verdict for r in regression.check(baseline.curve_ratios(one), data, baseline.curve_late(one))] \
+        == ["ok", "ok", "ok", "drift"]
+    one.loc[ring8, baseline.LATE] = 0.005  # +6% against 5% + 0.5% (+ 0% at N0) still fails
+    rows = regression.check(baseline.curve_ratios(one), data, baseline.curve_late(one))
+    assert rows[3].verdict == "drift" and rows[3].message().endswith("(+6.0%, band 5.0% + 0.5% late)")
+    one.loc[ring8, baseline.LATE] = 0.095
+    rows = regression.check(baseline.curve_ratios(one), data, baseline.curve_late(one))
+    assert regression.passed(rows) and rows[3].unresolved and rows[3].late == pytest.approx(0.095)
+    assert "could not resolve it" in rows[3].message()
+    assert "could not resolve it" in regression.markdown(rows, data, {})
+    assert "(unresolved)" in regression.text_table(rows)
+    assert not any(r.unresolved for r in rows[:3])
+
+
 def test_off_model_missing_and_new_points_fail():
     data = {"ratios": {"ring": {"2": 1.0, "8": 2.4}, "ps-sync": {"2": 1.0, "8": 3.0}},
             "band": {"ring": {"2": 0.05, "8": 0.05}}, "model_ratios": {"ring": {"2": 1.0, "8": 1.75}}}
@@ -90,10 +113,10 @@ def test_report_files(tmp_path):
     assert on_disk["rows"][3]["verdict"] == "drift" and on_disk["baseline"]["repeats"] == 3
     md = (tmp_path / "regression.md").read_text()
     assert md.startswith("### Scaling-curve regression: FAIL (regression)")
-    assert "| ring | 8 | 1.800 | 2.400 | +33.3% | 5.0% | 1.750 | +37.1% | drift |" in md
+    assert "| ring | 8 | 1.800 | 2.400 | +33.3% | 5.0% | 0.0% | 1.750 | +37.1% | drift |" in md
     assert "commit `aaaaaaaaaaaa`" in md and (tmp_path / "regression.png").stat().st_size > 0
     text = regression.text_table(rows).splitlines()
-    assert text[0].split() == ["curve", "N", "baseline", "measured", "drift", "band", "model", "off",
+    assert text[0].split() == ["curve", "N", "baseline", "measured", "drift", "band", "late", "model", "off",
                                "model", "verdict"]
 
 
