@@ -39,7 +39,7 @@ import ray
 
 from testbed.runtime import hosting
 
-MAX_IDLE = 24  # idle processes kept (about 110 MiB each, 300 MiB once a run imported torch)
+MAX_IDLE = 16  # idle processes kept per driver (about 110 MiB each, 300 MiB once a run imported torch)
 MAX_USES = 25  # runs one process serves before it is replaced
 MIN_THREADS = 16
 GIVE_BACK_S = 5.0  # how long the processes of an ended run get to unload
