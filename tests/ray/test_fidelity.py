@@ -12,16 +12,29 @@ from tests.ray.helpers import make_config, run_strategy
 def test_dilation_stretches_compute_and_network_and_reports_them_undilated():
     """Compute is slept D times longer and the network D times slower; records divided by D give
     the configured compute and the model's communication back (a run that only divided, or only
-    slowed, would be off by D)."""
-    d, compute = 4.0, 0.03
+    slowed, would be off by D). What this machine adds in real time is divided by D too, so where
+    a busy machine's excess is beyond what the run allows at D = 4 (beside a CPU hog: 0.0535 s
+    against 0.0524 s allowed), the run at D = 16 must show a quarter of it: a run that did not
+    divide its real overhead by D would not."""
+    compute = 0.03
     job = {"workload.grad_mb": 4.0, "workload.payload": "scaled:0.01", "workload.compute_ms": compute * 1e3,
            "ring.overlap": False, "ring.bucket_mb": 1.2}
-    cfg = make_config(strategy="ring", workers=2, steps=4, **{
-        **job, "network.bandwidth": "1Gbit", "network.latency": "50us", "network.dilation": d})
-    out = run_strategy(cfg)
     # this machine's own cost of the same buckets' allreduce, now: the run on the real network
     own = sum(run_strategy(make_config(strategy="ring", workers=2, steps=4, **job))["summary"]["bucket_allreduce_s"])
-    s = out["summary"]
+    for d in (4.0, 16.0):
+        out = run_strategy(make_config(strategy="ring", workers=2, steps=4, **{
+            **job, "network.bandwidth": "1Gbit", "network.latency": "50us", "network.dilation": d}))
+        s = out["summary"]
+        # The emulated network: the four buckets' allreduce, as measured by the ring, against the
+        # model: 10%, plus the share this run measured arriving after its emulated delivery, plus
+        # this machine's own cost of the same calls divided by D (part of it hides inside emulated
+        # transfers; two test processes at once measured 0.0381 s against 0.0340 s). Below it
+        # only the 10%.
+        model, network = s["predicted_comm_s"], sum(s["bucket_allreduce_s"])
+        high = model * (1.10 + s["emulation_leak_frac"]) + own / d
+        if network <= high:
+            break
+    assert 0.90 * model <= network <= high, (d, network, model, high, own, s)
     assert s["dilation"] == d
     # buckets by logical bytes: 8 tensors of 0.5 MiB, two to a 1.2 MiB bucket (physically all
     # 40 KiB would be one bucket)
@@ -29,13 +42,6 @@ def test_dilation_stretches_compute_and_network_and_reports_them_undilated():
     measured = out["steps"]["compute_s"].median()
     # the sleep never ends early; what runs late is real overhead, divided by D as well
     assert compute <= measured < compute * 1.25, measured
-    # The emulated network: the four buckets' allreduce, as measured by the ring, against the
-    # model: 10%, plus the share this run measured arriving after its emulated delivery, plus
-    # this machine's own cost of the same calls divided by D (part of it hides inside emulated
-    # transfers; a busy machine measured 0.0381 s against 0.0340 s). Below it only the 10%.
-    model, network = s["predicted_comm_s"], sum(s["bucket_allreduce_s"])
-    high = model * (1.10 + s["emulation_leak_frac"]) + own / d
-    assert 0.90 * model <= network <= high, (network, model, high, own, s)
     # The step as a whole: besides compute and the buckets' allreduce it holds this machine's
     # per-step work (optimizer step, hand-offs, records), real time divided by D like the rest and
     # not part of the model, so it is checked for the factor D (0.25x or 4x) only.
