@@ -77,11 +77,14 @@ def test_bench_network_writes_a_calibration_that_gives_real_runs_a_prediction(tm
     for path, entry in doc["unfitted"].items():
         assert path not in doc["paths"] and "do not fit" in entry["fit_error"]
     cal = load_calibration(str(out))
-    assert doc["scope"] == "same node" and set(cal.links) == set(doc["paths"]) and "channel" in cal.links
-    link = cal.links["channel"]
+    assert doc["scope"] == "same node" and set(cal.links) == set(doc["paths"])
     s = run_strategy(make_config(strategy="ring", workers=2, steps=4, **{
         "workload.name": "synthetic", "workload.grad_mb": 1.0, "workload.compute_ms": 0.0,
         "network.calibration": str(out)}))["summary"]
+    if "channel" not in cal.links:  # (beside a CPU hog the channel's 4 KiB took 3.5 ms, 4 MiB 1.6 ms)
+        assert "has no 'channel' path" in s["prediction_missing"] and "predicted_comm_s" not in s
+        return
+    link = cal.links["channel"]
     k = s["grad_bytes_logical"]
     assert s["predicted_comm_s"] == pytest.approx(2 * (link.alpha_s + k / 2 / link.bandwidth_Bps))
     assert s["prediction_source"] == cal.link("channel", across=False)[1]
