@@ -59,9 +59,9 @@ class Host:
 
     def invoke(self, address: tuple[int, int], method: str, *args: Any, **kwargs: Any) -> Any:
         epoch, rank = address
-        if epoch != self.epoch:
-            raise StaleCall(f"a call of run epoch {epoch} reached this process in epoch {self.epoch}")
-        with self.lock:
+        with self.lock:  # (checked and counted at once: `unload` sees every call it lets in)
+            if epoch != self.epoch:
+                raise StaleCall(f"a call of run epoch {epoch} reached this process in epoch {self.epoch}")
             self.active += 1
         try:
             return getattr(self.members[rank], method)(*args, **kwargs)
@@ -80,7 +80,8 @@ class Host:
     def unload(self, grace_s: float = 0.5) -> bool:
         """Drop the run's workers (each one's `release`, where it has one, first). True when the
         process is fit for another run: no call of this run still running after `grace_s`."""
-        self.epoch = -1  # from here on every call of the run is refused
+        with self.lock:
+            self.epoch = -1  # from here on every call of the run is refused
         deadline = time.monotonic() + grace_s
         while self.active and time.monotonic() < deadline:
             time.sleep(0.01)
