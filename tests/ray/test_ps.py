@@ -45,8 +45,16 @@ def test_async_versions_strictly_increase_and_loss_decreases(async_slow):
 
 
 def test_async_fast_workers_keep_going(async_slow):
-    counts = async_slow["steps"].groupby("worker").size()
-    assert counts[1] > 2 * counts[0] and counts[2] > 2 * counts[0]
+    """Each fast worker keeps its own pace beside the 60 ms straggler: its median interval between
+    steps is shorter than the straggler's by at least half the injected delay (a worker held back
+    steps with the straggler). On a busy machine both intervals grow alike, so the comparison stays
+    on the straggler's own scale; step counts did not (beside a CPU hog one fast worker made 10
+    steps to the straggler's 6)."""
+    steps = async_slow["steps"].sort_values("t_start")
+    interval = steps.groupby("worker")["t_start"].apply(lambda t: float(np.median(np.diff(t.to_numpy()))))
+    counts = steps.groupby("worker").size()
+    for w in (1, 2):
+        assert interval[0] - interval[w] > 0.03 and counts[w] > counts[0], (interval, counts)
 
 
 def test_ssp_bound_holds_and_fast_workers_wait(ssp_slow, async_slow):
