@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 import ray
 
@@ -104,7 +105,12 @@ def test_bench_models_times_each_model_alone_and_beside_others(tmp_path, capsys)
     for (_, w), r in rows.items():
         assert len(r["samples_s"]) == 3 * w and r["median_s"] > 0
     assert rows[("transformer", 2)]["model_s"] == rows[("transformer", 1)]["together_s"] * max(1, 2 / doc["cores"])
-    assert rows[("transformer", 2)]["together_s"] >= 0.9 * rows[("transformer", 2)]["median_s"]
+    # together spans every process's steps: at least each process's mean step (the median of all
+    # six samples is not a bound: beside the suite's other process it measured 0.117 s against a
+    # together of 0.099 s); 1% for the two clocks (wall for the span, perf_counter for a step)
+    two = rows[("transformer", 2)]
+    means = [np.mean(two["samples_s"][i * 3:(i + 1) * 3]) for i in range(2)]
+    assert two["together_s"] >= 0.99 * max(means), (two["together_s"], means)
     assert rows[("transformer", 1)]["params"] == 106240 and "transformer" in text
 
 
