@@ -30,20 +30,23 @@ RAY_GROUPS = {
     "a": ("test_algorithms", "test_bench", "test_channels", "test_cli", "test_compression_strategies",
           "test_convergence", "test_emulation", "test_equivalence", "test_fidelity", "test_gossip",
           "test_gpu", "test_hosting", "test_plumbing"),
-    "b": ("test_faults", "test_multinode", "test_notebook", "test_pool", "test_ps",
+    "b": ("test_faults", "test_notebook", "test_pool", "test_ps",
           "test_regression", "test_reliability", "test_ring", "test_sweep"),
+    # the ring across two raylets: with the namespace cluster, after the first group has ended (in
+    # the middle of the suite its 300 KB message twice did not arrive within 60 s; not explained)
+    "cluster": ("test_multinode",),
 }
 BATCH_GROUP = "b"
 
 
 def ray_group(item) -> str | None:
-    """The group of a tests/ray item ("ray-a", "ray-b"), None for the other tiers."""
+    """The group of a tests/ray item ("ray-a", "ray-b", "cluster"), None for the other tiers."""
     path = Path(item.fspath)
     if HERE / "ray" not in path.parents:
         return None
     group = next((g for g, files in RAY_GROUPS.items() if path.stem in files), None)
     assert group is not None, f"{path.name} is in no group of tests/conftest.py RAY_GROUPS: add it to one"
-    return f"ray-{group}"
+    return group if group == "cluster" else f"ray-{group}"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
