@@ -85,14 +85,19 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_setup(item):
     """Cases that mostly wait on processes of their own (test_reliability) start with the first
     test of their group, in the process that runs the group, and overlap the rest of it."""
-    if ray_group(item) != f"ray-{BATCH_GROUP}":
+    global _batch_looked
+    if _batch_looked or ray_group(item) != f"ray-{BATCH_GROUP}":
         return
+    _batch_looked = True
     if any(Path(i.fspath).name == "test_reliability.py" for i in item.session.items):
         import tempfile
 
         from tests.ray.test_reliability import Batch
 
         Batch.begin(Path(tempfile.mkdtemp(prefix="testbed-reliability-")))
+
+
+_batch_looked = False  # the batch's group started in this process (and the batch with it, if collected)
 
 
 def pytest_sessionfinish(session, exitstatus):

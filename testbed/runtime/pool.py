@@ -37,8 +37,6 @@ from typing import Any
 
 import ray
 
-from testbed.runtime import hosting
-
 MAX_IDLE = 16  # idle processes kept per driver (about 110 MiB each, 300 MiB once a run imported torch)
 MAX_USES = 25  # runs one process serves before it is replaced
 MIN_THREADS = 16
@@ -72,14 +70,14 @@ class ProcessPool:
             return "the run injects faults (--fail)"
         return None
 
-    def take(self, threads: int, count: int) -> tuple[list[Any], int]:
-        """`count` hosts that run at least `threads` calls at once (idle ones first, new ones for
-        the rest) and the epoch the run's workers are to be loaded under."""
+    def take(self, remote_host: Any, threads: int, count: int) -> tuple[list[Any], int]:
+        """`count` hosts that run at least `threads` calls at once (idle ones first, new ones of
+        `remote_host`, the Ray actor class of `hosting.Host`, for the rest) and the epoch the
+        run's workers are to be loaded under."""
         limit = thread_limit(threads)
         idle = self.idle.setdefault(limit, [])
         hosts = [idle.pop() for _ in range(min(count, len(idle)))]
         self.reused += len(hosts)
-        remote_host = ray.remote(hosting.Host)
         for _ in range(count - len(hosts)):
             h = remote_host.options(num_cpus=0, max_concurrency=limit, max_restarts=0, max_task_retries=0).remote()
             self.hosts[id(h)], self.uses[id(h)] = (h, limit), 0
@@ -91,7 +89,7 @@ class ProcessPool:
 
     def lent(self, handle: Any) -> bool:
         """Whether a process handle is one of this pool's."""
-        return id(handle) in self.hosts and self.hosts[id(handle)][0] is handle
+        return self.hosts.get(id(handle), (None, 0))[0] is handle
 
     def give_back(self, hosts: list[Any]) -> None:
         """The processes of an ended run: idle ones wait for the next run, the rest are killed."""

@@ -93,9 +93,10 @@ def spawn(worker_cls: type, cluster: Any, count: int, config: Any, *args: Any, s
     its `Member`s; so they are where a driver's process pool hosts the run (testbed.runtime.pool).
     """
     per_process = 1 if server else getattr(cluster, "per_process", 1)
-    warm = None if server else pool.installed()
-    if warm is not None and warm.admits(cluster, config) is None:
-        return _lend(warm, worker_cls, cluster, count, (config, *args), kwargs, concurrency * per_process + 1)
+    warm = None if server else _pool_for(cluster, config)
+    if warm is not None:
+        return _lend(warm, worker_cls, cluster, hosting.groups(count, per_process), (config, *args), kwargs,
+                     concurrency * per_process + 1)
     if per_process == 1:
         handles = []
         for i in range(count):
@@ -120,9 +121,9 @@ def spawn_server(server_cls: type, cluster: Any, index: int, config: Any, *args:
                  max_restarts: int = 0, **kwargs: Any) -> Any:
     """Create server `index` of the run (its own constructor args; `config` only decides whether
     a driver's process pool may host it); the keyword `rank` is its index."""
-    warm = pool.installed()
-    if warm is not None and warm.admits(cluster, config) is None:
-        (member,) = _lend(warm, server_cls, cluster, 1, args, kwargs, concurrency + 1, ranks=[[index]])
+    warm = _pool_for(cluster, config)
+    if warm is not None:
+        (member,) = _lend(warm, server_cls, cluster, [[index]], args, kwargs, concurrency + 1, server=True)
         return member
     return (_actor_class(server_cls)
             .options(max_concurrency=concurrency, max_restarts=max_restarts, max_task_retries=0,
@@ -130,13 +131,18 @@ def spawn_server(server_cls: type, cluster: Any, index: int, config: Any, *args:
             .remote(*args, rank=index, **kwargs))
 
 
-def _lend(warm: Any, worker_cls: type, cluster: Any, count: int, args: tuple, kwargs: dict[str, Any],
-          threads: int, ranks: list[list[int]] | None = None) -> list[Any]:
-    """The run's workers (`ranks`: a server's) built in processes of the pool, each loaded
+def _pool_for(cluster: Any, config: Any) -> Any:
+    """The driver's process pool where one is installed and admits this run, else None."""
+    warm = pool.installed()
+    return warm if warm is not None and warm.admits(cluster, config) is None else None
+
+
+def _lend(warm: Any, worker_cls: type, cluster: Any, groups: list[list[int]], args: tuple,
+          kwargs: dict[str, Any], threads: int, server: bool = False) -> list[Any]:
+    """The run's workers (or a server), one group of ranks per process of the pool, each loaded
     before the first call (a threaded actor does not keep the order of calls)."""
-    groups = ranks or hosting.groups(count, cluster.per_process)
-    hosts, epoch = warm.take(threads, len(groups))
-    cpus = [None if ranks else cluster.options(g[0])["num_cpus"] / len(g) for g in groups]
+    hosts, epoch = warm.take(_actor_class(hosting.Host), threads, len(groups))
+    cpus = [None if server else cluster.options(g[0])["num_cpus"] / len(g) for g in groups]
     loads = [h.load.remote(epoch, worker_cls, g, args, kwargs, c)
              for h, g, c in zip(hosts, groups, cpus, strict=True)]
     try:
@@ -160,7 +166,7 @@ def kill_all(handles: list[Any]) -> None:
     if lent:
         warm.give_back(lent)
     for h in procs:
-        if any(h is p for p in lent):
+        if h in lent:
             continue
         try:
             ray.kill(h, no_restart=True)
