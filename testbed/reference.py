@@ -38,10 +38,12 @@ from testbed.optim import Optimizer, mean_gradient, optimizer_for
 from testbed.workloads import Workload, make_workload
 
 
-def reference_training(cfg: RunConfig, steps: int | None = None) -> np.ndarray:
-    """Flat parameters after `steps` (default cfg.steps) single-process steps of cfg's optimizer."""
-    with _one_thread(cfg.workload.imports_torch("cpu")):
-        model = make_workload(replace(cfg.workload, compute_ms=0.0), seed=cfg.seed, workers=cfg.workers)
+def reference_training(cfg: RunConfig, steps: int | None = None, device: str = "cpu") -> np.ndarray:
+    """Flat parameters after `steps` (default cfg.steps) single-process steps of cfg's optimizer,
+    the gradients computed on `device` (a GPU run is compared with the same GPU's arithmetic)."""
+    with _one_thread(cfg.workload.imports_torch(device)):
+        model = make_workload(replace(cfg.workload, compute_ms=0.0), seed=cfg.seed, workers=cfg.workers,
+                              device=device)
         optimizer = Optimizer(optimizer_for(cfg.workload))
         params = model.get_params()
         for i in range(cfg.steps if steps is None else steps):

@@ -76,7 +76,8 @@ def execute(cfg: RunConfig, *, run_id: str | None = None, launched: float | None
 
     spec = registry.SPECS[cfg.strategy]
     cluster = Cluster(cfg.cluster, workers=cfg.workers, servers=spec.servers(cfg),
-                      torch_workers=cfg.workload.imports_torch, colocated=spec.colocated_servers(cfg))
+                      torch_workers=cfg.workload.imports_torch, colocated=spec.colocated_servers(cfg),
+                      gpu_exclusive=spec.cannot_share_gpu(cfg))
     with INTERRUPTS as interrupts:
         return _execute(spec, cfg, cluster, run_id or new_run_id(cfg.strategy, cfg.workers), interrupts, launched)
 
@@ -126,9 +127,7 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
                                 max_skipped=cfg.faults.max_skipped)
             placed = cluster.bundle_nodes()  # asked of Ray once here, again only after a fault
             recorder.locate(cluster.worker_nodes, known=cluster.worker_nodes(placed))
-            recorder.extra["cluster_nodes"] = cluster.nodes_at_start
-            recorder.extra["worker_processes"] = cluster.processes
-            recorder.extra["actor_nodes"] = len(set(placed.values()))
+            recorder.extra.update(cluster.facts(), actor_nodes=len(set(placed.values())))
             evaluator = Evaluator(cfg, recorder, on_result=_show_eval(bar))
             evaluator.attach()  # held-out evaluations, off the critical path (testbed.evaluation)
         strategy = spec.create(cfg, cluster, run_id=run_id, workdir=str(folder.path))

@@ -75,6 +75,11 @@ class StrategySpec(ABC):
         or None where they can: where they talk by actor calls or links it can make in-process."""
         return "its workers are linked process to process"
 
+    def cannot_share_gpu(self, cfg: RunConfig) -> str | None:
+        """Why its workers need a GPU each under --device cuda, with the fix, or None where several
+        workers may share one GPU (each holds its replica there and moves bytes through the host)."""
+        return None
+
     def validate(self, cfg: RunConfig) -> None:  # noqa: B027 - most strategies have no rule of their own
         """Its own rules beyond keys and choices; raise ConfigError (testbed.config.fail)."""
 

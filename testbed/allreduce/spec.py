@@ -78,6 +78,16 @@ class AllreduceSpec(StrategySpec):
             return "torch.distributed's ranks are processes (use --strategy ring --transport object-store)"
         return None
 
+    def cannot_share_gpu(self, cfg: RunConfig) -> str | None:
+        """On GPUs torch.distributed runs NCCL, which refuses two ranks on one device."""
+        if self.library:
+            return ("allreduce-torch's NCCL ranks need a GPU each (NCCL refuses two ranks on one GPU); "
+                    "use --strategy ring, whose object-store transport several workers on one GPU share")
+        if cfg.ring.transport == "torch":
+            return ("--transport torch runs NCCL, whose ranks need a GPU each (NCCL refuses two ranks on "
+                    "one GPU); use --transport object-store")
+        return None
+
     def validate(self, cfg: RunConfig) -> None:
         if self.library:
             if cfg.network.emulated:

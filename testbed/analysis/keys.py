@@ -79,6 +79,9 @@ SUMMARY = {
     "cluster_nodes": ("count", "live Ray nodes in the cluster when the run started"),
     "worker_processes": ("count", "actor processes the workers lived in: N, or ceil(N / K) with "
                                   "--workers-per-process K"),
+    "device": ("", "where the workers computed: cpu or cuda (--device resolved against the cluster)"),
+    "gpus_per_worker": ("GPUs", "each worker process's share of a GPU (0 on the CPU; below 1 where "
+                                "several workers share one)"),
     "workload": ("", "workload name"),
     "steps": ("updates", "model updates actually applied"),
     "worker_iterations": ("", "rows of steps.parquet"),

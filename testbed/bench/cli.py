@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.bench import models, network, startup
+from testbed.bench import gpu, models, network, startup
 from testbed.config import MAX_WORKERS, ConfigError
 from testbed.units import format_bytes, format_seconds, parse_size
 
@@ -93,7 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, default=0, help="seed of the buffers' random data")
     a("--timeout", type=float, default=120.0, help="seconds any remote wait may take")
     a("--out", default=None, help="also write raw samples and derived numbers to this JSON file")
+    a("--device", default="cpu", help="where the buffers live: cpu, or cuda (the workers share the "
+                                      "machine's GPUs; gloo reduces CUDA tensors through the host)")
     network.add_arguments(sub)
+    gpu.add_arguments(sub)
     models.add_arguments(sub)
     startup.add_arguments(sub)
     return p
@@ -127,7 +130,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ns = build_parser().parse_args(argv)
     if ns.command is None:
         raise ConfigError(f"missing benchmark: use '{PROG} allreduce --workers 2,4 --sizes 4KB', "
-                          f"'{PROG} network', '{PROG} models' or '{PROG} startup'")
+                          f"'{PROG} network', '{PROG} models', '{PROG} startup' or '{PROG} gpu --out DIR'")
+    if ns.command == "gpu":  # --out is a folder there
+        gpu.validate(ns, _split, parse_sizes)
+        return ns
     if ns.out is not None:
         parent = os.path.dirname(os.path.abspath(ns.out))
         if os.path.isdir(ns.out) or not os.path.isdir(parent):
@@ -157,7 +163,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise ConfigError(f"--timeout {ns.timeout!r}: use a finite number of seconds > 0, e.g. 120")
     ns.workers, ns.sizes = sorted(set(workers)), sorted(set(sizes))
     _check_memory(ns.workers, ns.sizes)
+    check_device(ns.device)
     return ns
+
+
+def check_device(device: str) -> None:
+    """--device: cpu, or cuda on a machine whose driver lists a GPU."""
+    from testbed.runtime.cluster import local_machine
+
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device!r}: use cpu or cuda")
+    if device == "cuda" and local_machine()["GPU"] < 1:
+        raise ConfigError("--device 'cuda': this machine has no GPU that torch can use; use --device cpu")
 
 
 def _check_memory(workers: list[int], sizes: list[int]) -> None:
@@ -279,11 +296,11 @@ def write_json(path: str, doc: dict[str, Any]) -> None:
 
 
 def run_allreduce(ns: argparse.Namespace) -> dict[str, Any]:
-    from testbed.bench.lib import METHODS, Runner
+    from testbed.bench.lib import LEFT_OUT_ON_CUDA, Runner, methods
     from testbed.config import ClusterConfig
     from testbed.runtime.cluster import Cluster
 
-    cluster = Cluster(ClusterConfig(timeout_s=ns.timeout), workers=max(ns.workers), servers=1)
+    cluster = Cluster(ClusterConfig(timeout_s=ns.timeout, device=ns.device), workers=max(ns.workers), servers=1)
     cluster.precheck_local()
     rows: list[dict[str, Any]] = []
     lats: list[dict[str, Any]] = []
@@ -294,7 +311,7 @@ def run_allreduce(ns: argparse.Namespace) -> dict[str, Any]:
     with cluster:
         mach = machine()
         for n in ns.workers:
-            runner = Runner(cluster, n, seed=ns.seed, timeout=ns.timeout)
+            runner = Runner(cluster, n, seed=ns.seed, timeout=ns.timeout, device=ns.device)
             try:
                 loads = (False, True) if n >= 4 else (False,)  # "loaded" needs two pairs at least
                 hops = {(calls, loaded): runner.hop_latency(calls, loaded)
@@ -302,7 +319,7 @@ def run_allreduce(ns: argparse.Namespace) -> dict[str, Any]:
                 for size in ns.sizes:
                     runner.load(size)
                     found = {}
-                    for method in METHODS:
+                    for method in methods(ns.device):
                         t0 = time.time()
                         found[method] = derive(n, size, method,
                                                runner.measure(method, size, ns.warmup, ns.repeats))
@@ -324,13 +341,26 @@ def run_allreduce(ns: argparse.Namespace) -> dict[str, Any]:
     mach["busy_before"] = busy_before
     if sys0 is not None and sys1 is not None and busy_before is not None:
         mach["other_cpu_share"] = max(0.0, (sys1 - sys0 - ours) / ((wall1 - wall0) * (os.cpu_count() or 1)))
+    if ns.device == "cuda":
+        mach["gpu"] = cuda_name()
     return {"schema": SCHEMA, "command": [PROG, *ns.argv], "created": time.time(), "machine": mach,
             "args": {k: v for k, v in vars(ns).items() if k != "argv"}, "results": rows,
-            "latency": lats, "targets": targets(rows, lats)}
+            "latency": lats, "targets": targets(rows, lats),
+            "left_out": LEFT_OUT_ON_CUDA if ns.device == "cuda" else {}}
+
+
+def cuda_name() -> str:
+    import torch
+
+    return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
 
 
 def report(doc: dict[str, Any]) -> str:
-    lines = [machine_line(doc["machine"]), "", format_table(doc["results"]), ""]
+    lines = [machine_line(doc["machine"])]
+    if doc["machine"].get("gpu"):
+        lines.append(f"buffers on the GPU: {doc['machine']['gpu']}, shared by every worker")
+    lines += ["", format_table(doc["results"]), ""]
+    lines += [f"left out: {m}: {why}" for m, why in doc.get("left_out", {}).items()]
     lines += [format_latency(lat) for lat in doc["latency"]]
     for t in doc["targets"]:
         lines.append(f"target {t['name']}: {t['value']:.2f} (goal {t['goal']}): "
@@ -353,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "models":
         doc = models.run_models(ns)
         return _emit(ns, doc, models.report(doc))
+    if ns.command == "gpu":
+        return gpu.run(ns)
     if ns.command == "startup":
         doc = startup.run_startup(ns)
         failed = f"{len(doc['errors'])} run(s) failed; see the error lines above" if doc["errors"] else None

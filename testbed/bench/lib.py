@@ -26,6 +26,7 @@ import ray
 
 from testbed.bench.peers import (
     ATOL_PER_RANK,
+    LEFT_OUT_ON_CUDA,
     METHODS,
     PING_BYTES,
     RTOL,
@@ -33,6 +34,7 @@ from testbed.bench.peers import (
     SumServer,
     expected_sum,
     max_error,
+    methods,
     process_cpu_now,
     process_cpu_s,
 )
@@ -40,7 +42,7 @@ from testbed.config import ClusterConfig, RunConfig, WorkloadConfig
 from testbed.runtime.cluster import Cluster
 from testbed.runtime.remote import RemoteTimeout, get, kill_all
 
-__all__ = ["METHODS", "ResultMismatch", "Runner"]
+__all__ = ["LEFT_OUT_ON_CUDA", "METHODS", "ResultMismatch", "Runner", "methods"]
 
 
 class ResultMismatch(RuntimeError):
@@ -51,7 +53,7 @@ PING_WARMUP, PING_REPEATS = 30, 60
 class Runner:
     """The actors for one worker count N: created once, reused for every size."""
 
-    def __init__(self, cluster: Cluster, n: int, *, seed: int, timeout: float) -> None:
+    def __init__(self, cluster: Cluster, n: int, *, seed: int, timeout: float, device: str = "cpu") -> None:
         self.cluster, self.n, self.seed, self.timeout = cluster, n, seed, timeout
         self.margin = 0.005 + 0.001 * n
         self.retries = 0
@@ -64,7 +66,7 @@ class Runner:
             for r in range(n):
                 opts = cluster.options(r)
                 self.peers.append(BenchPeer.options(max_concurrency=4, **opts)
-                                  .remote(cfg, rank=r, cpus=opts["num_cpus"]))
+                                  .remote(cfg, rank=r, cpus=opts["num_cpus"], device=device))
             self.server = SumServer.options(max_concurrency=n + 2, **cluster.options(0, server=True)).remote(n)
             host, port = get(self.peers[0].rendezvous.remote(), timeout, "rendezvous")
             p = self.peers

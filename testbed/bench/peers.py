@@ -18,10 +18,22 @@ from testbed.allreduce.channels import Link, Outgoing
 from testbed.allreduce.peer import ObjectStoreTransport, RingPeer, ring_allreduce
 from testbed.config import RunConfig
 from testbed.runtime.remote import RemoteTimeout, get
+from testbed.runtime.transport import to_numpy
 from testbed.runtime.worker import limit_threads
 
 METHODS = ("ring-objstore", "ring-calls", "ring-torch", "gloo", "ps", "driver-sum")  # all but driver-sum gated
 OBJSTORE = ("ring-objstore", "ring-calls")
+# On GPUs that the workers share: the buffers live on the GPU, gloo reduces CUDA tensors through
+# the host, and the torch p2p ring is left out (gloo's send/recv take host tensors; NCCL refuses
+# two ranks on one GPU).
+CUDA_METHODS = ("ring-objstore", "ring-calls", "gloo", "ps", "driver-sum")
+LEFT_OUT_ON_CUDA = {"ring-torch": "gloo's point-to-point takes host tensors and NCCL refuses two ranks on "
+                                  "one GPU, so the torch p2p ring needs a GPU per worker"}
+
+
+def methods(device: str) -> tuple[str, ...]:
+    """The methods measured with buffers on `device` (cpu or cuda)."""
+    return CUDA_METHODS if device == "cuda" else METHODS
 PING_BYTES = 4096
 RTOL = 1e-5
 ATOL_PER_RANK = 1e-5  # float32 sums in another order round differently, by up to ~N ulps
@@ -106,10 +118,11 @@ class _SumServer:
 class _BenchPeer(RingPeer):
     """A ring peer that allreduces a seeded buffer by each method on command (no training)."""
 
-    def __init__(self, config: RunConfig, rank: int, cpus: float = 1.0) -> None:
-        super().__init__(config, rank, "cpu", cpus)
+    def __init__(self, config: RunConfig, rank: int, cpus: float = 1.0, device: str = "cpu") -> None:
+        super().__init__(config, rank, "cpu", cpus)  # "cpu": its process group is gloo on any device
         limit_threads(cpus)  # one torch thread per worker: contention, not oversubscription
         self.timeout = config.cluster.timeout_s
+        self.buffers = device  # where the allreduced buffers live (cuda: torch tensors on the GPU)
         self.data = np.zeros(0, np.float32)
         self.work = np.zeros(0, np.float32)
         self.replica = np.zeros(0, np.float32)
@@ -127,12 +140,28 @@ class _BenchPeer(RingPeer):
         self.torch_transport = self.transport
 
     def load(self, nbytes: int, seed: int) -> None:
-        self.data = make_data(nbytes, seed, self.rank)
+        data = make_data(nbytes, seed, self.rank)
+        if self.buffers == "cuda":
+            import torch
+
+            self.data = torch.from_numpy(data).cuda()
+            self.work, self.replica = torch.empty_like(self.data), torch.empty_like(self.data)
+            torch.cuda.synchronize()
+            return
+        self.data = data
         self.work = np.empty_like(self.data)
         self.replica = np.empty_like(self.data)
 
     def prepare(self) -> None:
-        np.copyto(self.work, self.data)  # in-place methods start from the original each time
+        _copy(self.work, self.data)  # in-place methods start from the original each time
+        self._sync()
+
+    def _sync(self) -> None:
+        """Wait for the GPU's queued work, so that a stamp after it counts it."""
+        if self.buffers == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
 
     def cpu(self) -> float:
         return process_cpu_now()
@@ -152,16 +181,17 @@ class _BenchPeer(RingPeer):
         if method in OBJSTORE:
             transport = self.os_transport if method == "ring-objstore" else self.call_transport
             ring_allreduce(self.work, self.rank, self.n, transport, tag)
-        elif method == "ring-torch":
+        elif method == "ring-torch" and self.buffers != "cuda":
             ring_allreduce(torch.from_numpy(self.work), self.rank, self.n, self.torch_transport, tag)
         elif method == "gloo":
-            dist.all_reduce(torch.from_numpy(self.work))
+            dist.all_reduce(self.work if self.buffers == "cuda" else torch.from_numpy(self.work))
         elif method == "ps":
-            pushed = server.push.remote(tag, self.work)
-            np.copyto(self.work, get(server.pull.remote(tag, self.timeout), self.timeout, "PS pull"))
+            pushed = server.push.remote(tag, to_numpy(self.work))
+            _copy(self.work, get(server.pull.remote(tag, self.timeout), self.timeout, "PS pull"))
             get(pushed, self.timeout, "PS push")
         else:
-            raise ValueError(f"unknown method {method!r}")
+            raise ValueError(f"method {method!r}: not measured with buffers on {self.buffers}")
+        self._sync()
         t1, c1 = time.time(), process_cpu_now()
         if method == "ring-calls":
             self.call_transport.settle()  # surfaces failed sends; the data has already arrived
@@ -169,11 +199,11 @@ class _BenchPeer(RingPeer):
 
     def mr_round(self, broadcast: np.ndarray) -> np.ndarray:
         """MapReduce worker: take the driver's broadcast into the replica, return our buffer."""
-        np.copyto(self.replica, broadcast)
-        return self.data
+        _copy(self.replica, broadcast)
+        return to_numpy(self.data)
 
     def check(self, expected: np.ndarray, what: str) -> tuple[float, bool]:
-        return max_error(self.replica if what == "replica" else self.work, expected, self.n)
+        return max_error(to_numpy(self.replica if what == "replica" else self.work), expected, self.n)
 
     def open_ping(self, reader: Any, node: str) -> Any:
         """A channel to this rank's ping partner, apart from the ring's links."""
@@ -224,6 +254,22 @@ class _BenchPeer(RingPeer):
                 self.ping_link.send(tag, None, np.array(payload))  # no view held across a send
                 del payload
         get(sends, self.timeout, "echo sends")
+
+
+def _copy(dst: Any, src: Any) -> None:
+    """dst[:] = src, for a host array or a (GPU) tensor; src a host array or a tensor."""
+    if isinstance(dst, np.ndarray):
+        np.copyto(dst, src)
+        return
+    import warnings
+
+    import torch
+
+    if not isinstance(src, torch.Tensor):
+        with warnings.catch_warnings():  # a read-only store view: copied to the GPU, never written
+            warnings.simplefilter("ignore", UserWarning)
+            src = torch.from_numpy(np.asarray(src))
+    dst.copy_(src)
 
 
 BenchPeer = ray.remote(_BenchPeer)

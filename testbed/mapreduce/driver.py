@@ -45,8 +45,11 @@ class MapReduce(Strategy):
         cfg = self.config
         self.workers = remote.spawn(WorkerBase, self.cluster, cfg.workers, cfg, device=self.cluster.device,
                                     max_restarts=cfg.faults.max_restarts, concurrency=2)
-        self.model = make_workload(cfg.workload, seed=cfg.seed, workers=cfg.workers)
-        self.params = self.model.get_params()
+        self.model = make_workload(cfg.workload, seed=cfg.seed, workers=cfg.workers)  # layout and sizes
+        # the workers' initial parameters, not this process's: on a GPU the workers build the torch
+        # model, here its numpy twin (same layout, another generator) may stand in for it
+        first = remote.get(self.workers[0].get_params.remote(), cfg.cluster.timeout_s, "initial parameters")
+        self.params = np.array(first, dtype=np.float32, copy=True)  # the store's view is read-only; it is stepped in place
         self.optimizer = Optimizer(optimizer_for(cfg.workload))
         self.endpoint = Endpoint(cfg.network, "driver")
         spec = cfg.compression

@@ -39,7 +39,7 @@ class ParameterServer(Strategy):
     def setup(self) -> None:
         cfg, t = self.config, self.config.cluster.timeout_s
         n, s = cfg.workers, cfg.ps.count
-        self.workers = remote.spawn(PSWorker, self.cluster, n, cfg, device="cpu",
+        self.workers = remote.spawn(PSWorker, self.cluster, n, cfg, device=self.cluster.device,
                                     max_restarts=cfg.faults.max_restarts, concurrency=2)
         self.worker_live = remote.Liveness(self.workers, t, "worker")
         params = remote.get(self.workers[0].get_params.remote(), t, "initial parameters")

@@ -38,6 +38,7 @@ def plan_resources(
     *, workers: int, servers: int, total_cpus: float, total_gpus: float, total_memory: float,
     device: str, cpus_per_worker: float | None, torch_workers: bool | Callable[[str], bool],
     node_cpus: list[float] | None = None, colocated: bool = False, per_process: int = 1,
+    gpu_exclusive: str | None = None,
 ) -> ResourcePlan:
     """Decide each actor's share; raise ConfigError naming the flag when the cluster is short.
 
@@ -47,10 +48,15 @@ def plan_resources(
     `torch_workers`: whether worker processes import torch (their memory), or a function of the
     resolved device that says so. `workers` counts worker processes, each hosting `per_process`
     logical workers (--workers-per-process): shares and memory are per process, `cpus_per_worker`
-    is per logical worker (a process gets K of them), and the errors name the flags as given."""
+    is per logical worker (a process gets K of them), and the errors name the flags as given.
+    `gpu_exclusive`: why the strategy's workers cannot share a GPU, with the fix (its spec's
+    `cannot_share_gpu`), or None where several workers may share one (each a fraction of it)."""
     if device == "cuda" and total_gpus < 1:
         raise ConfigError("--device 'cuda': the cluster has no GPU; use --device cpu (or auto)")
     resolved = "cuda" if device == "cuda" or (device == "auto" and total_gpus >= 1) else "cpu"
+    if resolved == "cuda" and gpu_exclusive and total_gpus < workers:
+        raise ConfigError(f"--device {device} with --workers {workers} on {total_gpus:g} GPU(s): "
+                          f"{gpu_exclusive}, or at most {int(total_gpus)} workers")
     actors = workers + servers
     if callable(torch_workers):  # whether workers import torch can depend on the device
         torch_workers = torch_workers(resolved)
@@ -143,7 +149,8 @@ class Cluster:
     """Start (or attach to) Ray, reserve resources for one run's actors, release them."""
 
     def __init__(self, cfg: ClusterConfig, *, workers: int, servers: int = 0,
-                 torch_workers: bool | Callable[[str], bool] = True, colocated: bool = False) -> None:
+                 torch_workers: bool | Callable[[str], bool] = True, colocated: bool = False,
+                 gpu_exclusive: str | None = None) -> None:
         # --workers-per-process K: `workers` logical workers live in ceil(workers / K) processes
         # (testbed.runtime.hosting); a bundle, a CPU share and a memory estimate are per process
         # (None: a ClusterConfig no run validated, the benchmark's: one process per actor)
@@ -152,6 +159,7 @@ class Cluster:
         self.cfg, self.processes, self.servers = cfg, -(-workers // self.per_process), servers
         self.colocated = colocated  # server i in worker i's bundle (same node), not a bundle of its own
         self.torch_workers = torch_workers
+        self.gpu_exclusive = gpu_exclusive  # why its workers need a GPU each (None: they may share one)
         self.started_ray = False
         self.pg: Any = None
         self.plan: ResourcePlan | None = None
@@ -177,7 +185,7 @@ class Cluster:
             workers=self.processes, servers=self.servers, total_cpus=cpus, total_gpus=gpus,
             total_memory=memory, device=self.cfg.device, cpus_per_worker=self.cfg.cpus_per_worker,
             torch_workers=self.torch_workers, node_cpus=node_cpus, colocated=self.colocated,
-            per_process=self.per_process,
+            per_process=self.per_process, gpu_exclusive=self.gpu_exclusive,
         )
 
     def start(self) -> Cluster:
@@ -264,6 +272,11 @@ class Cluster:
     @property
     def device(self) -> str:
         return self.plan.device if self.plan else "cpu"
+
+    def facts(self) -> dict[str, Any]:
+        """What a run's summary says of where it ran (testbed.analysis.keys)."""
+        return {"cluster_nodes": self.nodes_at_start, "worker_processes": self.processes,
+                "device": self.device, "gpus_per_worker": self.plan.gpus_per_worker if self.plan else 0.0}
 
     def stop(self) -> None:
         import ray

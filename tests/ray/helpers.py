@@ -40,7 +40,7 @@ def run_strategy(cfg: RunConfig, *, workdir: str | None = None) -> dict[str, Any
     flat = np.concatenate([np.asarray(v).ravel() for v in params.values()])
     steps = table_frame(rec.steps, STEP_COLUMNS)
     updates = table_frame(rec.updates, UPDATE_COLUMNS)
-    extra = rec.summary_extras(extra)
+    extra = rec.summary_extras({**cluster.facts(), **extra})
     # the summary (with the cost model's prediction) as testbed.session writes it to summary.json
     summary = summarize_run(spec, cfg, steps, updates, extra, "completed")
     return {"flat": flat, "params": params, "extra": summary, "summary": summary, "replicas": replicas,

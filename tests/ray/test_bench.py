@@ -136,3 +136,52 @@ def test_bench_startup_runs_the_command_as_a_user_does_and_splits_its_start(tmp_
     assert run["steal"] is None or 0 <= run["steal"] <= 1
     text = capsys.readouterr().out
     assert "python loop" in text and "synthetic:4" in text
+
+
+def test_bench_gpu_runs_its_cpu_parts_and_names_why_each_gpu_part_is_skipped(tmp_path, capsys):
+    """On a machine without a GPU (CI's) the GPU check still measures the CPU reference and
+    says, stage by stage, why the rest did not run; on a GPU machine the command itself is the
+    check (docs/gpu.md), not this test."""
+    from testbed.bench.gpu import NEEDS_GPU, gpu_reason
+
+    why = gpu_reason()
+    if why is None:
+        pytest.skip("a GPU is present: python -m testbed.bench gpu runs every stage there")
+    out = tmp_path / "gpu"
+    assert main(["gpu", "--out", str(out), "--cpu-workers", "2", "--sizes", "4KB",
+                 "--repeats", "1"]) == 0, capsys.readouterr().err
+    doc = json.loads((out / "gpu.json").read_text())
+    stages = doc["stages"]
+    assert list(stages) == ["machine", "tests", "matrix", "runs", "bench-cuda", "bench-cpu"]
+    for name in NEEDS_GPU:
+        assert stages[name] == {"status": "skipped", "reason": why, "wall_s": stages[name]["wall_s"]}
+    assert stages["machine"]["facts"]["cpus"] == os.cpu_count()
+    cpu = stages["bench-cpu"]
+    assert cpu["status"] == "ok" and cpu["exit_code"] == 0
+    assert {r["method"] for r in cpu["rows"]} == set(METHODS) and all(r["workers"] == 2 for r in cpu["rows"])
+    report = (out / "gpu.md").read_text()
+    assert f"bench-cuda: skipped ({why})" in report and "| 2 | 4.00 KB | gloo |" in report
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["gpu"], "--out"),
+    (["gpu", "--out", "x", "--stages", "tests,gpus"], "--stages 'gpus'"),
+    (["gpu", "--out", "x", "--cuda-workers", "1"], "--cuda-workers '1'"),
+    (["gpu", "--out", "x", "--sizes", "4KB,5"], "--sizes '5'"),
+    (["gpu", "--out", "x", "--stage-timeout", "0"], "--stage-timeout 0"),
+    (["allreduce", "--device", "tpu"], "--device 'tpu'"),
+])
+def test_bench_gpu_bad_argument_is_one_line_exit_2(argv, names, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and names in err and err.startswith("testbed.bench: error:")
+
+
+def test_bench_allreduce_on_cuda_without_a_gpu_is_one_line_exit_2(capsys):
+    from testbed.bench.gpu import gpu_reason
+
+    if gpu_reason() is None:
+        pytest.skip("this machine has a GPU")
+    assert main(["allreduce", "--device", "cuda", "--workers", "2", "--sizes", "4KB"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--device 'cuda'" in err and "--device cpu" in err
