@@ -17,7 +17,7 @@ A strategy is two objects:
 A *model update* is one application of gradients to the authoritative parameters: one global
 step for synchronous strategies, one applied gradient for an asynchronous parameter server.
 Adding a strategy: one package with a spec and a Strategy subclass, and one registry line
-(README, "Adding a strategy").
+(docs/architecture.md, "Adding a strategy").
 """
 
 from __future__ import annotations

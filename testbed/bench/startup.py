@@ -21,7 +21,7 @@ run's summary the path to its first model update, which adds up by construction:
                               + first update (the actors' first step)
 
 `per process` is the actors' part over the run's worker processes: start-up grows with
-processes, not workers, once several workers share one (README, "Many workers on one box"). `memory` is the machine's used memory
+processes, not workers, once several workers share one (docs/emulation.md, "Many workers on one box"). `memory` is the machine's used memory
 (MemTotal - MemAvailable, sampled every 0.1 s) at its peak during the run, above what it was
 just before; `/ worker` divides it by N. `stderr` counts the lines the run wrote there: a normal
 run writes none (Ray's own messages go to the run folder). `steal` is the share of the cores

@@ -115,7 +115,7 @@ class NetworkConfig:
     dilation: float = opt(1.0, metavar="D", check=real(1, 100_000, fix="use a factor >= 1, e.g. 10"),
                           help="run the emulated cluster D times slower (transfers, latency, "
                                "synthetic compute, straggler delays) and report every time divided "
-                               "by D, so this machine's own overheads shrink D-fold (README)")
+                               "by D, so this machine's own overheads shrink D-fold (docs/emulation.md)")
     calibration: str | None = opt(None, metavar="FILE", help="real network: predict with the latency and "
                                   "bandwidth measured by python -m testbed.bench network --out FILE")
 
@@ -137,7 +137,7 @@ class FaultConfig:
     """stragglers and faults"""
 
     fail: Faults = opt(factory=Faults, parse=parse_faults_spec, metavar="SPEC",
-                       help="inject faults, e.g. worker=2,at=10 or nan:worker=1,at=3 (README)")
+                       help="inject faults, e.g. worker=2,at=10 or nan:worker=1,at=3 (docs/faults.md)")
     max_restarts: int = opt(3, check=integer(0, 1000, "use an integer in 0..1000"), help="restarts allowed per actor")
     checkpoint_every: int = opt(0, check=integer(0, None, "use versions >= 0 (0 = no checkpoints)"),
                                 help="checkpoint PS shards every K versions (0: none)")
@@ -165,7 +165,7 @@ class RunConfig:
     compression: CompressionSpec = opt(factory=CompressionSpec, parse=parse_compression,
                                        metavar="none|fp16|topk:F", help="gradient compression (bytes counted after it)")
     straggler: Stragglers = opt(factory=Stragglers, parse=parse_stragglers_spec, metavar="SPEC", group="faults",
-                                help="injected delays, e.g. fixed:worker=3,delay=200ms (README)")
+                                help="injected delays, e.g. fixed:worker=3,delay=200ms (docs/emulation.md)")
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     ps: PSConfig = field(default_factory=PSConfig)

@@ -95,7 +95,7 @@ def auto_workers_per_process(cfg: RunConfig, specs: Mapping[str, Any]) -> int:
 
     Why: on 2 cores a worker process costs about 0.5-0.7 s to start and 90-100 MiB, and ps-sync
     at N = 64 took 32 s and 6.3 GiB to start 65 processes against 1.7 s and 2.1 GiB for 5, with
-    the same fidelity (README, "Many workers on one box"). Why 8 beyond 16 workers: the fidelity
+    the same fidelity (docs/emulation.md, "Many workers on one box"). Why 8 beyond 16 workers: the fidelity
     sweeps (experiments/fidelity.toml, N = 8..128 in at most 8 processes) are within 5% of the
     model there, and the ring at N = 64 reached its first update in 13.7 s in 8 processes against
     19.9 s in 16 (actors 5.2 s against 10.3 s, steps 1.5 s against 2.4 s on the real transport: 16

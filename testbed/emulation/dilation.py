@@ -3,7 +3,7 @@
 Why. On one box every emulated message also costs real work: an actor call or a channel hand-off,
 waking a process, summing a chunk, the driver's round trip per step. With N processes on 2 cores
 that work queues for the CPU, so at N = 32 it can take longer than the emulated transfer it rides
-on, and the measurement drifts from the model (README, "Fidelity at scale"). Dilation stretches
+on, and the measurement drifts from the model (docs/emulation.md, "Fidelity at scale"). Dilation stretches
 everything the emulator controls by D and leaves the machine's own costs as they are; dividing
 every measured time by D then gives the emulated cluster's times with this machine's overheads
 D times smaller:
