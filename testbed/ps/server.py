@@ -61,6 +61,8 @@ class ShardState:
         self.pending: list[tuple[int, np.ndarray | None, float]] = []  # sync: (worker, gradient, loss) for self.version
         self.arrived: list[tuple[float, int]] = []  # sync: (delivery time, worker) of those gradients
         self.seen: set[tuple[int, int]] = set()
+        # (worker, iteration) -> (version read, version applied, staleness) of a push that counted
+        self.counted: dict[tuple[int, int], tuple[int, int | None, int | None]] = {}
         self.updates: list[dict[str, Any]] = []  # one per applied version (append-only log)
         self.busy_s = 0.0
         self.epoch = 0  # bumped by a rollback: work begun before it is refused
@@ -94,28 +96,41 @@ class ShardState:
         and version_applied are None for a gradient that was not applied. The ack of the push
         that completes a synchronous version carries `contributors`: the workers whose
         gradients counted, in the order they were delivered (the order replies go out).
+        A duplicate of a push that counted says what that first push read and where it was
+        applied (`version_read`): the iteration is done, with the first push's gradient.
         """
         with self.cv:
             if epoch != self.epoch:
                 return {"status": "stale-epoch", "version_applied": None, "staleness": None}
             key = (worker, iteration)
             if key in self.seen:
-                return {"status": "duplicate", "version_applied": None, "staleness": None}
+                if key not in self.counted:
+                    return {"status": "duplicate", "version_applied": None, "staleness": None}
+                read, at, stale = self.counted[key]
+                return {"status": "duplicate", "version_read": read, "version_applied": at, "staleness": stale}
             self.seen.add(key)
-            if self.finished:
-                return {"status": "finished", "version_applied": None, "staleness": None}
-            if not self.nan.admit(grad, f"worker {worker} iteration {iteration}'s gradient"):
-                if not self.sync:
-                    return {"status": "nan", "version_applied": None, "staleness": None}
-                grad = None  # counts towards the quorum, never towards the average
-            if self.sync:
-                return self._push_sync(grad, version_read, loss, (delivered, worker))
-            t0 = time.perf_counter()
-            at = self.version
-            self.opt.step(self.params, grad)
-            self._applied(contributors=1, dropped=0, loss=loss, t0=t0)
-            return {"status": "applied", "version_applied": at, "staleness": at - version_read,
-                    "update": self.updates[-1]}
+            ack = self._offer(grad, version_read, worker, iteration, loss, delivered)
+            if ack["status"] in ("applied", "nan"):
+                self.counted[key] = (version_read, ack["version_applied"], ack["staleness"])
+            return ack
+
+    def _offer(self, grad: np.ndarray, version_read: int, worker: int, iteration: int,
+               loss: float, delivered: float) -> dict[str, Any]:
+        """A new push, under the lock: apply it (async) or count it towards the version (sync)."""
+        if self.finished:
+            return {"status": "finished", "version_applied": None, "staleness": None}
+        if not self.nan.admit(grad, f"worker {worker} iteration {iteration}'s gradient"):
+            if not self.sync:
+                return {"status": "nan", "version_applied": None, "staleness": None}
+            grad = None  # counts towards the quorum, never towards the average
+        if self.sync:
+            return self._push_sync(grad, version_read, loss, (delivered, worker))
+        t0 = time.perf_counter()
+        at = self.version
+        self.opt.step(self.params, grad)
+        self._applied(contributors=1, dropped=0, loss=loss, t0=t0)
+        return {"status": "applied", "version_applied": at, "staleness": at - version_read,
+                "update": self.updates[-1]}
 
     def _push_sync(self, grad: np.ndarray, version_read: int, loss: float,
                    arrival: tuple[float, int]) -> dict[str, Any]:
@@ -182,6 +197,7 @@ class ShardState:
             self.version = int(ck["version"])
             self.snapshots = {v: p for v, p in self.snapshots.items() if v <= self.version}
             self.seen = {(int(w), int(i)) for w, i in ck["seen"]}
+            self.counted = {k: v for k, v in self.counted.items() if k in self.seen}
             self.updates = [u for u in self.updates if u["version"] <= self.version]
             self.pending, self.arrived = [], []
             self.epoch = self.epoch + 1 if epoch is None else epoch
@@ -329,22 +345,26 @@ class ShardActor:
                     self.replies[(part, version, w)] = self._send(part, w)
                 self.reply_cv.notify_all()
         if pull is not None and ack["status"] != "stale-epoch":
-            ack["pull"] = self._pull_back(part, version_read, worker, epoch, pull,
-                                          counted=self.sync and ack["status"] in ("applied", "nan"))
+            counted = self.sync and ack["status"] in ("applied", "nan")
+            # sync: the version this push helps make; a duplicate of a push that counted: the
+            # version that one helps make (it needs the others' gradients, never this worker's
+            # next: this worker's iteration is done); otherwise whatever is newest now
+            first = ack.get("version_read") if self.sync else None
+            wait_for = version_read + 1 if counted else 0 if first is None else first + 1
+            ack["pull"] = self._pull_back(part, version_read, worker, epoch, pull, counted, wait_for)
         ack["events"] = self.drain_events()
         return ack
 
     def _pull_back(self, part: int, version_read: int, worker: int, epoch: int, timeout: float,
-                   counted: bool) -> tuple[Any, ...]:
-        """The reply of a push-pull: the next version; its departure was reserved by the push that
-        completed the version when this gradient counted towards it, else here."""
+                   counted: bool, wait_for: int) -> tuple[Any, ...]:
+        """The reply of a push-pull: version `wait_for` or newer; its departure was reserved by the
+        push that completed the version when this gradient counted towards it, else here. (A
+        duplicate -- an iteration redone by a worker that died after its push landed -- must not
+        wait for version_read + 1: that version needs this worker's *next* gradient, which it
+        cannot send before this reply: a deadlock.)"""
         t0 = time.time()
         st = self.parts[part]
-        # sync: the version this push helps make; async, or a gradient that did not count: whatever
-        # is newest now. (A duplicate -- an iteration redone by a worker that died after its push
-        # landed -- must not wait for version_read + 1: that version needs this worker's *next*
-        # gradient, which it cannot send before this reply: a deadlock.)
-        params, version, waited = st.pull(version_read + 1 if self.sync and counted else 0, timeout, epoch)
+        params, version, waited = st.pull(wait_for, timeout, epoch)
         if waited > 0.0005:
             self._span("wait", t0, t0 + waited)
         key = (part, version_read + 1, worker)

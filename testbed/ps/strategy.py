@@ -70,9 +70,10 @@ class ParameterServer(Strategy):
                 max_updates=cfg.steps, on_nan=cfg.faults.on_nan)
             for i in range(s)
         ]
-        # parameters by a call, not in the constructor: a restarted server loads its checkpoint
+        # parameters by a call, not in the constructor: a restarted server loads its checkpoint.
+        # The servers' first call: it waits for their processes to start (a restart's allowance)
         remote.get([sh.set_params.remote({p: params[slice(*self.parts.bounds[p])] for p in self.parts.on_server(i)})
-                    for i, sh in enumerate(self.shards)], t, "PS parameters")
+                    for i, sh in enumerate(self.shards)], remote.startup_timeout(t), "PS parameters")
         self.shard_live = remote.Liveness(self.shards, t, "PS server")
         self._wire(range(n))
 
@@ -216,7 +217,9 @@ class ParameterServer(Strategy):
 
     def _record(self, recorder: Recorder, w: int, iteration: int, info: dict[str, Any], held: float) -> int:
         acks = info["acks"]
-        applied = all(a["status"] == "applied" for a in acks)
+        # a duplicate of a push that counted: the iteration's gradient is that push's
+        applied = all(a["status"] == "applied" or (a["status"] == "duplicate" and a["version_applied"] is not None)
+                      for a in acks)
         if any(a["status"] == "nan" for a in acks):
             recorder.fault("nan-skipped", f"worker{w}", iteration, info["t_end"], info["t_end"])
         for a in acks:  # the shards' own spans travel with their acks

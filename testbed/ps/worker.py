@@ -28,6 +28,7 @@ import ray
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.network import Nic, sleep_until
 from testbed.ps.partition import Partitioning
+from testbed.runtime.remote import startup_timeout
 from testbed.runtime.worker import WorkerBase
 
 NIC_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
@@ -62,6 +63,13 @@ class PSWorker(WorkerBase):
         self.servers, self.parts = servers, parts
         self.local = self.rank if colocated and self.rank < parts.servers else None
         self.held: tuple[np.ndarray, list[int], int] | None = None  # pulled params, versions, epoch
+
+    @property
+    def barrier_s(self) -> float:
+        """How long a pull may wait for its version: that version may need a peer that is being
+        restarted, so a restart's allowance, not --timeout (the driver tells a hung or dead actor
+        from a waiting one by its liveness checks every --timeout, and a rollback ends the wait)."""
+        return startup_timeout(self.config.cluster.timeout_s)
 
     def _bytes(self, p: int) -> int:
         lo, hi = self.parts.bounds[p]
@@ -100,7 +108,7 @@ class PSWorker(WorkerBase):
         sends meanwhile goes behind them), then hand each to Ray at its departure -- a message is
         not on the wire before it leaves, so servers see pushes in departure order -- taking
         replies meanwhile."""
-        timeout = self.config.cluster.timeout_s
+        timeout = self.barrier_s
         payloads = [self.outgoing(grad, lo, hi) for lo, hi in self.parts.bounds]
         departures: list[float | None] = []
         sent = 0
@@ -127,12 +135,14 @@ class PSWorker(WorkerBase):
                   pull_after: bool = True) -> dict[str, Any]:
         """[Pull,] compute, push every partition [and pull it back]; timings and the servers' acks.
 
-        Returns {"reset": True} without computing when a server rolled back meanwhile.
+        Returns {"reset": True} without computing when a server rolled back meanwhile. Parameters
+        held from the last reply are used only if they are at least `min_version` (a gradient
+        computed on older ones would count twice towards a version of synchronous training).
         """
-        timeout = self.config.cluster.timeout_s
+        timeout = self.barrier_s
         t0 = time.time()
         server_wait = 0.0
-        if self.held is None or self.held[2] != epoch:
+        if self.held is None or self.held[2] != epoch or min(self.held[1]) < min_version:
             pulled, server_wait = self._pull(min_version, epoch, timeout)
             if any(r[4] != epoch for r in pulled):
                 return {"reset": True}
@@ -145,6 +155,8 @@ class PSWorker(WorkerBase):
         grad, info = self.compute(iteration)
         t_pushing = time.time()
         acks, sent = self._push(grad, versions, iteration, info["loss"], epoch, timeout if pull_after else None)
+        # a redone iteration whose first push counted: that push's read is the iteration's
+        versions = [a.get("version_read", v) for a, v in zip(acks, versions, strict=True)]
         if self.dies_once_sent:  # --fail sent:worker=R,at=I: the servers have it, the driver never hears
             os._exit(1)
         self.held = None

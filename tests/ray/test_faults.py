@@ -37,10 +37,10 @@ def test_worker_lost_after_its_push_landed_is_not_counted_twice_nor_waited_for()
     # driver never heard. The redone iteration is a duplicate at the shard; its reply must not
     # wait for a version that needs this very worker's next gradient (that deadlocked)
     cfg = make_config(strategy="ps-sync", workers=3, steps=6, **FAST, **{"faults.fail": "sent:worker=1,at=2"})
-    t0 = time.monotonic()
+    # (a redone push that waited for that version would wait for ever: nothing progresses, and the
+    # driver stops the run after max(1, --max-restarts) --timeout windows without an update)
     out = run_strategy(cfg)
     assert _kinds(out) == ["worker-restart"]
-    assert time.monotonic() - t0 < 2 * cfg.cluster.timeout_s  # no timeout was waited out
     np.testing.assert_allclose(out["flat"], reference_training(cfg), rtol=1e-4, atol=1e-5)
     assert list(out["updates"]["version"]) == list(range(1, cfg.steps + 1))
 
@@ -59,12 +59,16 @@ def test_async_keeps_applying_while_a_worker_restarts():
     fault = out["extra"]["faults"][0]
     assert fault["time_lost_s"] > 0
     # while worker 0 was down (its iteration 2 failed and was redone), the others' gradients
-    # kept being applied
+    # kept being applied: at least half of what one of them makes at its pace in this run (the
+    # median interval between its iterations; a driver that waited for the restart would apply
+    # none meanwhile, and the others' pace is the machine's, not the 50 ms of compute)
     mine = out["steps"][out["steps"]["worker"] == 0].set_index("iteration")
     down, up = mine.loc[1, "t_start"] + mine.loc[1, "compute_s"], mine.loc[2, "t_start"]
+    others = out["steps"][out["steps"]["worker"] != 0].sort_values("iteration")
+    pace = np.median(np.concatenate([np.diff(g["t_start"].to_numpy()) for _, g in others.groupby("worker")]))
     upd = out["updates"]["t_applied"]
     assert up - down > 0.5
-    assert ((upd > down) & (upd < up)).sum() >= 0.5 * (up - down) / 0.05
+    assert ((upd > down) & (upd < up)).sum() >= 0.5 * (up - down) / pace, pace
 
 
 @pytest.mark.parametrize("strategy", ["mapreduce", "ps-sync", "ps-async"])

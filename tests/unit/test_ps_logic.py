@@ -18,6 +18,21 @@ def test_push_is_applied_at_most_once():
     assert s.version == 1
 
 
+def test_a_redone_iteration_is_answered_with_its_first_push_read_and_version():
+    """Worker 1 pushed iteration 0 and died before the answer; the restarted worker redoes it on
+    whatever it pulls. The redo counts nothing, and its ack names the version its first push
+    counted towards (the worker waits for that one, and computes its next iteration on it)."""
+    s = ShardState(np.zeros(1, np.float32), optimizer=OptimizerSpec(lr=1.0), sync=True, workers=2)
+    s.push(np.ones(1, np.float32), 0, worker=1, iteration=0, loss=0.0)
+    again = s.push(np.full(1, 9.0, np.float32), 0, worker=1, iteration=0, loss=0.0)
+    assert again == {"status": "duplicate", "version_read": 0, "version_applied": 0, "staleness": 0}
+    assert s.version == 0 and len(s.pending) == 1
+    s.push(np.ones(1, np.float32), 0, worker=0, iteration=0, loss=0.0)
+    late = s.push(np.full(1, 9.0, np.float32), 1, worker=1, iteration=0, loss=0.0)  # redone on version 1
+    assert (late["version_read"], s.version) == (0, 1)
+    np.testing.assert_array_equal(s.params, [-1.0])
+
+
 def test_sync_applies_the_average_once_all_workers_pushed():
     s = ShardState(np.zeros(2, np.float32), optimizer=OptimizerSpec(lr=0.5), sync=True, workers=3)
     for w, g in enumerate(([1, 2], [3, 4], [5, 6])):
