@@ -64,7 +64,7 @@ class GossipSGD(Strategy):
         self.degree = degree(cfg.gossip.topology, cfg.workers)
         self.peers = remote.spawn(GossipPeer, self.cluster, cfg.workers, cfg, device=self.cluster.device,
                                   concurrency=self.degree + 3)
-        remote.get([p.ping.remote() for p in self.peers], t, "gossip worker start-up")
+        remote.get([p.ping.remote() for p in self.peers], remote.startup_timeout(t), "gossip worker start-up")
         params = remote.get(self.peers[0].get_params.remote(), t, "initial parameters")
         remote.broadcast(self.peers, params, t)
         remote.get([p.connect.remote(self.peers) for p in self.peers], t, "gossip wiring")

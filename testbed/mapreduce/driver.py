@@ -47,8 +47,10 @@ class MapReduce(Strategy):
                                     max_restarts=cfg.faults.max_restarts, concurrency=2)
         self.model = make_workload(cfg.workload, seed=cfg.seed, workers=cfg.workers)  # layout and sizes
         # the workers' initial parameters, not this process's: on a GPU the workers build the torch
-        # model, here its numpy twin (same layout, another generator) may stand in for it
-        first = remote.get(self.workers[0].get_params.remote(), cfg.cluster.timeout_s, "initial parameters")
+        # model, here its numpy twin (same layout, another generator) may stand in for it. The
+        # workers' first call: it waits for their processes to start (a restart's allowance)
+        first = remote.get(self.workers[0].get_params.remote(), remote.startup_timeout(cfg.cluster.timeout_s),
+                           "initial parameters")
         self.params = np.array(first, dtype=np.float32, copy=True)  # the store's view is read-only; it is stepped in place
         self.optimizer = Optimizer(optimizer_for(cfg.workload))
         self.endpoint = Endpoint(cfg.network, "driver")
