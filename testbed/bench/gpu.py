@@ -12,11 +12,13 @@ reason), so one broken stage never costs the others their numbers:
   tests       `pytest -m gpu` (tests/ray/test_gpu.py: every synchronous strategy on CUDA equals
               single-process SGD on the same GPU, N = 1..4; NCCL's refusal of two ranks on one
               GPU), from a clone's tests/ folder                           (GPU)
-  matrix      every strategy and transport with 2 workers on one GPU, as `testbed.run` plans and
-              runs it (the mlp on CUDA, a few steps): exit 0 with its throughput, or exit 2 with
-              the one-line reason                                           (GPU)
-  runs        `python -m testbed.run --strategy ring|ps-sync --workers 8 --device cuda
-              --workload resnet --steps S`: samples/s and the time split       (GPU)
+  matrix      every strategy, and each value of its own choices (transports, algorithms,
+              topologies), with 2 workers on one GPU, as `testbed.run` plans and runs it (the
+              mlp on CUDA, a few steps): exit 0 with its throughput, or exit 2 with the one-line
+              reason                                                        (GPU)
+  runs        `python -m testbed.run --strategy S --workers 8 --device cuda --workload resnet
+              --steps N` for the first synchronous strategy of the allreduce and the PS family
+              (the ring, ps-sync): samples/s and the time split               (GPU)
   bench-cuda  `python -m testbed.bench allreduce --device cuda --workers W`   (GPU)
   bench-cpu   the same on the CPU at N <= the machine's cores (no oversubscription): the
               reference point beside it                                     (always)
@@ -46,20 +48,7 @@ from testbed.config import MAX_WORKERS, ConfigError
 STAGES = ("machine", "tests", "matrix", "runs", "bench-cuda", "bench-cpu")
 NEEDS_GPU = frozenset({"tests", "matrix", "runs", "bench-cuda"})
 CPU_WORKERS = (4, 8, 16)  # the CPU reference at N = 4, 8, 16 where the cores allow
-# Every strategy and message path, 2 workers on one GPU: (label, testbed.run arguments)
-MATRIX = [
-    ("ps-sync", ["--strategy", "ps-sync"]),
-    ("ps-sync, 2 shards", ["--strategy", "ps-sync", "--ps-shards", "2"]),
-    ("ps-async", ["--strategy", "ps-async"]),
-    ("mapreduce", ["--strategy", "mapreduce"]),
-    ("ring, object store", ["--strategy", "ring"]),
-    ("ring, halving-doubling", ["--strategy", "ring", "--algorithm", "halving-doubling"]),
-    ("ring, tree", ["--strategy", "ring", "--algorithm", "tree"]),
-    ("ring, torch transport", ["--strategy", "ring", "--transport", "torch"]),
-    ("allreduce-torch", ["--strategy", "allreduce-torch"]),
-    ("gossip", ["--strategy", "gossip"]),
-]
-RUNS = ("ring", "ps-sync")
+RUN_FAMILIES = ("allreduce", "ps")  # the question's two families: the first synchronous strategy of each
 SUMMARY_FIELDS = ("status", "device", "gpus_per_worker", "samples_per_s", "updates_per_s", "step_time_p50_s",
                   "compute_frac", "comm_frac", "wait_frac", "loss_first", "loss_last", "startup_s")
 
@@ -284,12 +273,38 @@ def junit_counts(path: Path) -> dict[str, Any]:
 # ---- the matrix and the runs (each in the process `run_stage` starts)
 
 
+def matrix_cases() -> list[tuple[str, dict[str, Any]]]:
+    """Every registered strategy with its defaults, then with each other value of each of its
+    own choices (the ring's transports and algorithms, gossip's topologies): (label, overrides)."""
+    from testbed.registry import SPECS
+
+    cases: list[tuple[str, dict[str, Any]]] = []
+    for name, spec in SPECS.items():
+        cases.append((name, {"strategy": name}))
+        for key, values in spec.choices.items():
+            cases += [(f"{name}, {key.split('.')[-1]} {v}", {"strategy": name, key: v}) for v in values[1:]]
+    return cases
+
+
+def run_strategies() -> list[str]:
+    """The first synchronous strategy of each of RUN_FAMILIES, in registry order."""
+    from testbed.config import RunConfig
+    from testbed.registry import SPECS
+
+    found = {}
+    for name, spec in SPECS.items():
+        if spec.family in RUN_FAMILIES and spec.synchronous(RunConfig(strategy=name)):
+            found.setdefault(spec.family, name)
+    return [found[f] for f in RUN_FAMILIES if f in found]
+
+
 def matrix(out: Path, steps: int, device: str = "cuda") -> None:
-    """Every MATRIX row with 2 workers on the GPU, planned and run as `testbed.run` does, in one Ray
-    (`device` cpu: the same rows on the CPU, to check this code where there is no GPU)."""
+    """Every `matrix_cases` row with 2 workers on the GPU, planned and run as `testbed.run` does,
+    in one Ray (`device` cpu: the same rows on the CPU, to check this code where there is no GPU)."""
     import ray
 
-    from testbed.config import ConfigError
+    from testbed.config import ConfigError, validate, with_overrides
+    from testbed.registry import SPECS
     from testbed.run import parse_args
     from testbed.runtime.rayprocs import start_ray
     from testbed.session import execute
@@ -297,13 +312,13 @@ def matrix(out: Path, steps: int, device: str = "cuda") -> None:
     rows = []
     folder = Path(tempfile.mkdtemp(prefix="gpu-matrix-"))
     started = False
-    for label, argv in MATRIX:
-        full = [*argv, "--workers", "2", "--device", device, "--workload", "mlp", "--steps", str(min(steps, 10)),
+    for label, overrides in matrix_cases():
+        argv = ["--workers", "2", "--device", device, "--workload", "mlp", "--steps", str(min(steps, 10)),
                 "--quiet", "--out", str(folder)]
-        row: dict[str, Any] = {"case": label, "argv": full}
+        row: dict[str, Any] = {"case": label, "argv": argv, "overrides": overrides}
         t0 = time.time()
         try:
-            cfg = parse_args(full)
+            cfg = validate(with_overrides(parse_args(argv), **overrides), SPECS)
             if not started:
                 start_ray(None)
                 started = True
@@ -325,7 +340,7 @@ def matrix(out: Path, steps: int, device: str = "cuda") -> None:
 def runs(out: Path, steps: int) -> None:
     """The main command on the GPU with a real model, as a user types it (a process each)."""
     rows = []
-    for strategy in RUNS:
+    for strategy in run_strategies():
         folder = Path(tempfile.mkdtemp(prefix="gpu-run-"))
         argv = ["--strategy", strategy, "--workers", "8", "--device", "cuda", "--workload", "resnet",
                 "--steps", str(steps), "--quiet", "--out", str(folder)]
