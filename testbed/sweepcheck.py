@@ -44,7 +44,7 @@ def baseline_for_check(spec: Spec, args: argparse.Namespace) -> dict[str, Any]:
     from testbed.analysis.provenance import provenance
 
     try:
-        data = load_baseline(args.baseline)
+        data = load_baseline(args.baseline, args.spec)
     except ValueError as exc:
         raise ConfigError(f"--baseline {exc}") from None
     if data["spec_identity"] != spec_hash(spec):
@@ -98,7 +98,8 @@ def check_sweep(spec: Spec, sweep_dir: Path, data: Mapping[str, Any], baseline_p
         return 1
     rows = regression.check(measured, data, late)
     context = {"spec_name": spec.name, "spec_identity": spec_hash(spec), "repeats": spec.repeats,
-               "baseline_path": str(baseline_path), "provenance": provenance()}
+               "baseline_path": str(baseline_path), "provenance": provenance(),
+               "refresh": baseline.refresh(baseline_path, spec.path)}
     report = regression.write_report(sweep_dir, rows, data, context)
     if not quiet:
         print(regression.text_table(rows))

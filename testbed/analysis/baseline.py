@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -61,6 +62,14 @@ BAND_FLOOR = 0.05
 BAND_FACTOR = 4.0
 MODEL_TOLERANCE = 0.15
 REFRESH = "python -m testbed.sweep experiments/regression.toml --update-baseline"
+
+
+def refresh(path: str | os.PathLike | None = None, spec: str | os.PathLike | None = None) -> str:
+    """The command that measures the baseline at PATH again from SPEC (REFRESH by default)."""
+    if path is None and spec is None:
+        return REFRESH
+    where = "" if path is None else f" --baseline {path}"
+    return f"python -m testbed.sweep {spec or 'experiments/regression.toml'} --update-baseline{where}"
 MACHINE_CLASS = ("cpu_model", "cpu_count", "memory_gib", "arch")
 
 Curves = dict[str, dict[str, float]]  # strategy -> {str(N): T(N)/T(N0)}
@@ -261,25 +270,51 @@ def _rounded(curves: Mapping[str, Mapping[str, float | None]]) -> dict[str, dict
     return {s: {n: None if v is None else round(v, 4) for n, v in c.items()} for s, c in curves.items()}
 
 
-def load_baseline(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a baseline file; ValueError naming the file and the fix if it is not one."""
+def load_baseline(path: str | os.PathLike, spec: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Read a baseline file; ValueError naming the file and the fix (measure it again from SPEC,
+    default experiments/regression.toml) if it is not one, or holds no usable ratio."""
     p = Path(path)
+    fix = refresh(p, spec)
     try:
         data = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{p}: cannot read the baseline ({exc}); create it with {REFRESH}") from None
+        raise ValueError(f"{p}: cannot read the baseline ({exc}); create it with {fix}") from None
     if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
         version = data.get("schema_version") if isinstance(data, dict) else None
         raise ValueError(f"{p}: schema_version {version!r}, expected {SCHEMA_VERSION}; "
-                         f"refresh it with {REFRESH}")
+                         f"refresh it with {fix}")
     missing = [k for k in ("ratios", "band", "model_ratios", "tolerance", "metric", "mode", "spec",
                            "spec_identity", "provenance") if k not in data]
     if missing:
-        raise ValueError(f"{p}: no {', '.join(missing)}; refresh it with {REFRESH}")
+        raise ValueError(f"{p}: no {', '.join(missing)}; refresh it with {fix}")
     if data["metric"] != METRIC:
         raise ValueError(f"{p}: ratios of {data['metric']!r}, this code compares {METRIC!r}; "
-                         f"refresh it with {REFRESH}")
+                         f"refresh it with {fix}")
+    problem = unusable(data["ratios"])
+    if problem:
+        raise ValueError(f"{p}: {problem}, so nothing can be compared with it; measure it again "
+                         f"with {fix}")
     return data
+
+
+def usable(ratio: Any) -> bool:
+    """Whether a baseline's ratio can be compared with: a finite number > 0 (not NaN, not null)."""
+    return (isinstance(ratio, (int, float)) and not isinstance(ratio, bool)
+            and math.isfinite(ratio) and ratio > 0)
+
+
+def unusable(ratios: Any) -> str | None:
+    """Why a baseline's `ratios` hold nothing to compare with, or None: not curves of
+    {N: ratio}, no curve at all, or not one finite ratio > 0 (every ratio NaN, say)."""
+    if not isinstance(ratios, dict) or not all(isinstance(c, dict) and all(str(n).isdigit() for n in c)
+                                               for c in ratios.values()):
+        return "its ratios are not curves of {N: T(N)/T(N0)}"
+    values = [v for c in ratios.values() for v in c.values()]
+    if not values:
+        return "its ratios hold no curve"
+    if not any(usable(v) for v in values):
+        return f"none of its {len(values)} ratios is a finite number > 0 (first: {values[0]!r})"
+    return None
 
 
 def describe(data: Mapping[str, Any]) -> list[str]:

@@ -19,7 +19,8 @@ Each point (curve = strategy, N) gets one row:
               tests/ray/test_regression.py) is not covered by it and fails;
 - off-model = measured / model - 1 (emulated curves only), failing beyond MODEL_TOLERANCE;
 - verdict   = "ok", "drift", "off model", "not measured" (the run failed, or N is gone)
-              or "not in baseline" (a new curve or N: refresh the baseline deliberately).
+              "not in baseline" (a new curve or N: refresh the baseline deliberately) or
+              "no baseline value" (the baseline holds NaN or another unusable ratio there).
 
 The report goes into the sweep folder: regression.json (every row, both provenances, the band
 rule), regression.md (ready to paste into a pull-request comment) and regression.png/.svg
@@ -35,9 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.analysis.baseline import MODEL_TOLERANCE, REFRESH, Curves, band
+from testbed.analysis.baseline import MODEL_TOLERANCE, REFRESH, Curves, band, usable
 
-VERDICTS = ("ok", "drift", "off model", "not measured", "not in baseline")
+VERDICTS = ("ok", "drift", "off model", "not measured", "not in baseline", "no baseline value")
 
 
 @dataclass(frozen=True)
@@ -64,13 +65,17 @@ class Row:
         """Passed only by the emulator's lateness: beyond the band, within band + late."""
         return self.verdict == "ok" and self.drift is not None and abs(self.drift) > self.band
 
-    def message(self) -> str:
-        """One line for a failing row: what moved, by how much, against what."""
+    def message(self, refresh: str = REFRESH) -> str:
+        """One line for a failing row: what moved, by how much, against what (REFRESH: the
+        command that measures the baseline again)."""
         ratio = f"T({self.n})/T({self.n0})"
         if self.verdict == "not measured":
             return f"{self.curve}: no measured step time at N={self.n}; did its run fail?"
         if self.verdict == "not in baseline":
-            return f"{self.curve}: N={self.n} is not in the baseline; refresh it: {REFRESH}"
+            return f"{self.curve}: N={self.n} is not in the baseline; refresh it: {refresh}"
+        if self.verdict == "no baseline value":
+            return (f"{self.curve}: the baseline's {ratio} is {self.baseline!r}, not a finite number > 0, "
+                    f"so N={self.n} cannot be compared; refresh it: {refresh}")
         if self.verdict == "drift":
             late = f" + {self.late:.1%} late" if self.late else ""
             return (f"{self.curve}: {ratio} is {self.measured:.2f}, baseline {self.baseline:.2f} "
@@ -98,7 +103,8 @@ def check(measured: Curves, data: Mapping[str, Any], late: Curves | None = None)
         for n in ns:
             key = str(n)
             g, r, m = got.get(key), ref.get(key), mod.get(key)
-            drift = None if g is None or r is None else g / r - 1
+            kept = r is not None and usable(r)
+            drift = g / r - 1 if g is not None and kept else None
             off = None if g is None or m is None else g / m - 1
             b = bands.get(curve, {}).get(key)
             b = band(None) if b is None else float(b)
@@ -108,13 +114,16 @@ def check(measured: Curves, data: Mapping[str, Any], late: Curves | None = None)
                 verdict = "not measured"
             elif r is None:
                 verdict = "not in baseline"
+            elif not kept:
+                verdict = "no baseline value"
             elif abs(drift) > b + extra:
                 verdict = "drift"
             elif off is not None and abs(off) > MODEL_TOLERANCE:
                 verdict = "off model"
             else:
                 verdict = "ok"
-            rows.append(Row(curve, n, n0, r, g, drift, b, m, off, MODEL_TOLERANCE, verdict, extra))
+            shown = r if r is None or isinstance(r, (int, float)) and not isinstance(r, bool) else None
+            rows.append(Row(curve, n, n0, shown, g, drift, b, m, off, MODEL_TOLERANCE, verdict, extra))
     return rows
 
 
@@ -149,7 +158,7 @@ def markdown(rows: list[Row], data: Mapping[str, Any], context: Mapping[str, Any
     prov, here = data.get("provenance", {}), context.get("provenance", {})
     lines = [f"### Scaling-curve regression: {'PASS' if ok else 'FAIL'} ({context.get('spec_name', '?')})", ""]
     noted = [r for r in rows if r.failed or r.unresolved]
-    lines += [f"- {r.message()}" for r in noted] + ([""] if noted else [])
+    lines += [f"- {r.message(context.get('refresh', REFRESH))}" for r in noted] + ([""] if noted else [])
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
     tol = data.get("tolerance", {})
@@ -180,7 +189,7 @@ def figure(rows: list[Row], stem: str | os.PathLike) -> list[Path]:
     fig, axes = new_figure(ncols=max(1, len(curves)), width=4.2, height=3.6)
     for ax, curve, color in zip(axes, curves, colors(len(curves)), strict=False):
         mine = [r for r in rows if r.curve == curve]
-        based = [r for r in mine if r.baseline is not None]
+        based = [r for r in mine if r.baseline is not None and usable(r.baseline)]
         if based:
             ns = [r.n for r in based]
             ax.plot(ns, [r.baseline for r in based], "-", color=color, label="baseline")
@@ -210,7 +219,8 @@ def write_report(folder: str | os.PathLike, rows: list[Row], data: Mapping[str, 
     from testbed.analysis.results import write_json, write_text
 
     out = Path(folder)
-    report = {"passed": passed(rows), "failures": [r.message() for r in rows if r.failed],
+    fix = context.get("refresh", REFRESH)
+    report = {"passed": passed(rows), "failures": [r.message(fix) for r in rows if r.failed],
               "rows": [asdict(r) for r in rows], **dict(context),
               "baseline": {k: data.get(k) for k in ("created", "mode", "repeats", "tolerance",
                                                      "spec_identity", "provenance")}}
