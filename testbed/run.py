@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"testbed.run: error: interrupted by {INTERRUPTS.name} before the run started",
                   file=sys.stderr)
             return EXIT_INTERRUPTED
+        if cfg.network.calibration is not None:
+            from testbed.analysis.provenance import calibration_machine_change
+
+            change = calibration_machine_change(cfg.network.calibration)
+            if change:
+                print(f"testbed.run: warning: {change}", file=sys.stderr)
         outcome = execute(cfg, launched=process_started())
         with INTERRUPTS.shielded():
             return _report(cfg, outcome)

@@ -346,8 +346,22 @@ def slowest_compute(steps: Any) -> Any:
 def predictions(spec: StrategySpec, cfg: RunConfig, summary: dict[str, Any], steps: Any, updates: Any,
                 extra: dict[str, Any]) -> dict[str, Any]:
     """The cost model beside the measurement: bytes always; time whenever the network's alpha and
-    beta are known (emulated). Where there is no prediction, `prediction_missing` says why."""
+    beta are known (emulated). Where there is no prediction, `prediction_missing` says why.
+
+    A prediction is a field of the summary, never a reason to lose it: whatever the model raises
+    (a calibration file changed since the run was validated, a number the formulas refuse)
+    becomes `prediction_missing`, beside what was predicted before it."""
     out: dict[str, Any] = {}
+    try:
+        _predict(out, spec, cfg, summary, steps, updates, extra)
+    except Exception as exc:  # noqa: BLE001 -- recorded in the summary, never raised past it
+        out["prediction_missing"] = f"the cost model failed: {type(exc).__name__}: {exc}"
+    return out
+
+
+def _predict(out: dict[str, Any], spec: StrategySpec, cfg: RunConfig, summary: dict[str, Any], steps: Any,
+             updates: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    """predictions' work, filling OUT as it goes (so a failure keeps what came before it)."""
     if not len(steps) or summary.get("step_time_mean_s") is None:
         out["prediction_missing"] = "no model update was recorded"
         return out

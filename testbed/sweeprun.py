@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         families = registry.families()
         points, skipped = expand(spec, registry.SPECS, str(sweep_dir / "runs"))
         _check_size(points, args.yes, args.quiet)
+        _warn_calibrations(points)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         with SweepLock(sweep_dir, spec):
             return _main(args, spec, sweep_dir, families, points, skipped, reference)
@@ -221,6 +222,16 @@ def _main(args: argparse.Namespace, spec: Spec, sweep_dir: Path, families: Mappi
 
 
 ASK_ABOVE_POINTS = 200  # a grid this large needs --yes when a person is at the terminal
+
+
+def _warn_calibrations(points: list[Point]) -> None:
+    """One stderr line per calibration file of the sweep measured on another machine class."""
+    from testbed.analysis.provenance import calibration_machine_change
+
+    for path in sorted({p.config.network.calibration for p in points} - {None}):
+        change = calibration_machine_change(path)
+        if change:
+            print(f"testbed.sweep: warning: {change}", file=sys.stderr)
 
 
 def _check_size(points: list[Point], yes: bool, quiet: bool) -> None:

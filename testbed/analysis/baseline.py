@@ -33,7 +33,7 @@ real per-message costs that the emulator adds on top of its sleeps (largest for 
 messages per step), so the measurement may sit a few percent off the theory, but a curve that
 leaves the theory by more no longer illustrates what it is meant to. A real-network sweep (no
 `network.bandwidth`) has no model ratio; its curves depend on the machine, so a baseline of one
-is compared only on the same machine class (`machine_class`).
+is compared only on the same machine class (`testbed.analysis.provenance.machine_class`).
 
 Refresh the baseline deliberately, never from a test:
     python -m testbed.sweep experiments/regression.toml --update-baseline
@@ -53,6 +53,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from testbed.analysis.provenance import machine_difference
+
 SCHEMA_VERSION = 2
 METRIC = "step_time_min_s"  # measured step time (see the module docstring for why the minimum)
 MODEL_METRIC = "predicted_step_s"
@@ -70,7 +72,6 @@ def refresh(path: str | os.PathLike | None = None, spec: str | os.PathLike | Non
         return REFRESH
     where = "" if path is None else f" --baseline {path}"
     return f"python -m testbed.sweep {spec or 'experiments/regression.toml'} --update-baseline{where}"
-MACHINE_CLASS = ("cpu_model", "cpu_count", "memory_gib", "arch")
 
 Curves = dict[str, dict[str, float]]  # strategy -> {str(N): T(N)/T(N0)}
 Spreads = dict[str, dict[str, list[float]]]  # strategy -> {str(N): [ratio of each repeat]}
@@ -198,20 +199,14 @@ def spec_identity(spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def machine_class(provenance: Mapping[str, Any]) -> dict[str, Any]:
-    """What makes two machines interchangeable for real-network step times."""
-    return {k: provenance.get(k) for k in MACHINE_CLASS}
-
-
 def machine_change(data: Mapping[str, Any], here: Mapping[str, Any]) -> str | None:
-    """Why a baseline of real-network curves cannot be compared on this machine, or None.
+    """Why a baseline of real-network curves cannot be compared on this machine, or None
+    (`machine_difference`: MACHINE_CLASS, the same notion a calibration file is checked with).
 
     Emulated curves (`mode` "emulated") are meant to be machine-independent: always None."""
     if data.get("mode") != "real":
         return None
-    theirs, mine = machine_class(data.get("provenance", {})), machine_class(here)
-    diff = [f"{k} {theirs[k]!r} there, {mine[k]!r} here" for k in MACHINE_CLASS if theirs[k] != mine[k]]
-    return "; ".join(diff) or None
+    return machine_difference(data.get("provenance", {}), here)
 
 
 # ---------------------------------------------------------------- the file

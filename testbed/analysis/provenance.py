@@ -11,8 +11,46 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+MACHINE_CLASS = ("cpu_model", "cpu_count", "memory_gib", "arch")  # what makes machines interchangeable
+
+
+def machine_class(provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """What makes two machines interchangeable for real-network times (MACHINE_CLASS)."""
+    return {k: provenance.get(k) for k in MACHINE_CLASS}
+
+
+def machine_difference(theirs: Mapping[str, Any], mine: Mapping[str, Any], *,
+                       recorded_only: bool = False) -> str | None:
+    """How the machine class of provenance THEIRS differs from MINE ("cpu_count 64 there, 2
+    here; ..."), or None. `recorded_only`: compare only what THEIRS records (a file that names
+    no machine is not said to come from another one)."""
+    a, b = machine_class(theirs), machine_class(mine)
+    keys = [k for k in MACHINE_CLASS if not recorded_only or a[k] is not None]
+    diff = [f"{k} {a[k]!r} there, {b[k]!r} here" for k in keys if a[k] != b[k]]
+    return "; ".join(diff) or None
+
+
+def calibration_machine_change(path: str) -> str | None:
+    """The warning for a calibration file (`--calibration`, already validated) measured on
+    another machine class than this one -- the check `--check` makes of a real-network
+    baseline -- or None."""
+    from testbed.config.calibration import MEASURE, load_calibration
+
+    diff = machine_difference(load_calibration(path).provenance, this_machine(), recorded_only=True)
+    if diff is None:
+        return None
+    return (f"--calibration {path} was measured on another machine class ({diff}); its latency and "
+            f"bandwidth may not be this machine's: measure this one with {MEASURE}")
+
+
+def this_machine() -> dict[str, Any]:
+    """This machine's class (MACHINE_CLASS), without the git and package look-ups of provenance()."""
+    return {"arch": platform.machine(), "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(),
+            "memory_gib": _memory_gib()}
 
 
 def provenance() -> dict[str, Any]:

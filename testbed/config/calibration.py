@@ -68,6 +68,7 @@ class Calibration:
     scope: str
     inter_links: Mapping[str, Link] = field(default_factory=dict)  # measured across two nodes
     inter_scope: str | None = None
+    provenance: Mapping[str, Any] = field(default_factory=dict)  # where it was measured
 
     def link(self, name: str, *, across: bool) -> tuple[Link, str]:
         """The link of path `name` for a run whose actors span nodes (`across`) or not, and a line
@@ -97,21 +98,32 @@ def load_calibration(path: str) -> Calibration:
     inter = data.get("inter_node") or {}
     if not isinstance(inter, dict):
         raise ValueError(f"inter_node is not an object; measure the file again with {MEASURE}")
+    prov = data.get("provenance")
     return Calibration(path=str(path), links=links, scope=str(data.get("scope", "unknown")),
-                       inter_links=_links(inter.get("paths")), inter_scope=str(inter.get("scope", "across nodes")))
+                       inter_links=_links(inter.get("paths")), inter_scope=str(inter.get("scope", "across nodes")),
+                       provenance=prov if isinstance(prov, dict) else {})
 
 
 def _links(paths: Any) -> dict[str, Link]:
+    """Each measured path's Link; ValueError unless every alpha_s is a finite number >= 0 and
+    every bandwidth_Bps a finite number > 0 (a hand-edited `Infinity` or `NaN` included)."""
+    if paths is not None and not isinstance(paths, dict):
+        raise ValueError(f"paths is not an object; measure the file again with {MEASURE}")
     links = {}
     for name, entry in (paths or {}).items():
-        try:
-            link = Link(float(entry["alpha_s"]), float(entry["bandwidth_Bps"]))
-        except (KeyError, TypeError, ValueError):
+        if name not in PATHS:
+            raise ValueError(f"path {name!r}: expected one of {', '.join(PATHS)}; measure the file "
+                             f"again with {MEASURE}")
+        values = [entry.get(k) if isinstance(entry, dict) else None for k in ("alpha_s", "bandwidth_Bps")]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             raise ValueError(f"path {name!r} has no numeric alpha_s and bandwidth_Bps; measure it "
-                             f"again with {MEASURE}") from None
-        if name not in PATHS or not link.alpha_s >= 0 or not link.bandwidth_Bps > 0:
-            raise ValueError(f"path {name!r}: alpha {link.alpha_s} s, bandwidth {link.bandwidth_Bps} B/s; "
-                             f"expected one of {', '.join(PATHS)} with alpha >= 0 and bandwidth > 0")
+                             f"again with {MEASURE}")
+        link = Link(float(values[0]), float(values[1]))
+        for key, value, rule in (("alpha_s", link.alpha_s, "a finite alpha >= 0"),
+                                 ("bandwidth_Bps", link.bandwidth_Bps, "a finite bandwidth > 0")):
+            if not math.isfinite(value) or value < 0 or (value == 0 and key == "bandwidth_Bps"):
+                raise ValueError(f"path {name!r}: {key} is {value}, expected {rule} (s, B/s); "
+                                 f"measure it again with {MEASURE}")
         links[name] = link
     return links
 
