@@ -12,14 +12,18 @@
                                characters it holds; the last tenth is the held-out split
 
 Nothing is unpickled. Uncompressed files are memory-mapped, so the workers of one machine share
-one copy in the page cache. `probe` reads headers and sizes only (fast, for validation); every
-problem is a ValueError whose text says what is wrong and what to give instead. Pure: numpy only.
+one copy in the page cache. `probe` checks everything a worker would trip on, before Ray starts:
+each file's header and length, at least one image per split, and every label (one pass over the
+label bytes, under a second for CIFAR-10; a `.gz` is decompressed once to its end, so a truncated
+one is caught). Every problem is a ValueError whose text names the file, the record where one is
+at fault, and what to give instead. Pure: numpy only.
 """
 
 from __future__ import annotations
 
 import gzip
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,8 +120,19 @@ def _probe_cifar(folder: Path) -> DataInfo:
         if first > 9:
             raise ValueError(f"{f}: the first record's label is {first}, not 0..9; this is not CIFAR-10's "
                              "binary version (python and matlab versions are not read)")
+        _check_labels(f, np.memmap(f, dtype=np.uint8, mode="r").reshape(-1, CIFAR_RECORD)[:, 0],
+                      "download the binary version again")
         counts[name] = size // CIFAR_RECORD
     return DataInfo("cifar10", (3, 32, 32), 10, sum(counts[n] for n in CIFAR_TRAIN), counts[CIFAR_TEST])
+
+
+def _check_labels(path: Path, labels: np.ndarray, fix: str) -> None:
+    """Every label 0..9, else name the first record that is not (counted from 0)."""
+    bad = np.flatnonzero(np.asarray(labels) > 9)
+    if bad.size:
+        i = int(bad[0])
+        more = f" (and {bad.size - 1} more)" if bad.size > 1 else ""
+        raise ValueError(f"{path}: record {i} has label {int(labels[i])}, not 0..9{more}; {fix}")
 
 
 def _mnist_paths(p: Path) -> dict[str, Path] | None:
@@ -168,6 +183,12 @@ def _probe_mnist(p: Path) -> DataInfo:
         if n != m:
             raise ValueError(f"{paths[f'{split}_x']} holds {n} images but {paths[f'{split}_y']} {m} labels; "
                              "download both again")
+        if 0 in (n, rows, cols):
+            raise ValueError(f"{paths[f'{split}_x']} holds {n} images of {rows}x{cols} (its header); a run "
+                             "needs training and held-out images: download it again")
+        _idx_array(paths[f"{split}_x"], images=True)  # a .gz read to its end and counted
+        _check_labels(paths[f"{split}_y"], _idx_array(paths[f"{split}_y"], images=False),
+                      "download it again")
         if shape is not None and shape != (1, rows, cols):
             raise ValueError(f"training images are {shape[1]}x{shape[2]}, test images {rows}x{cols}; "
                              "give one data set")
@@ -215,25 +236,28 @@ def load_images(path: str) -> Images:
         raise ValueError(f"{path}: no CIFAR-10 or MNIST files")
     arrays = {k: _idx_array(v, images=k.endswith("_x")) for k, v in paths.items()}
     for key in ("train_y", "test_y"):
-        if arrays[key].size and int(arrays[key].max()) > 9:
-            raise ValueError(f"{paths[key]}: a label is {int(arrays[key].max())}, not 0..9; download it again")
+        _check_labels(paths[key], arrays[key], "download it again")
     return Images(arrays["train_x"][:, None], arrays["train_y"].astype(np.int64),
                   arrays["test_x"][:, None], arrays["test_y"].astype(np.int64), 10)
 
 
 def _cifar_records(f: Path) -> np.ndarray:
     records = np.memmap(f, dtype=np.uint8, mode="r").reshape(-1, CIFAR_RECORD)
-    if records.size and int(records[:, 0].max()) > 9:
-        raise ValueError(f"{f}: a label is {int(records[:, 0].max())}, not 0..9; download it again")
+    _check_labels(f, records[:, 0], "download the binary version again")
     return records
 
 
 def _idx_array(path: Path, images: bool) -> np.ndarray:
+    """The values of an IDX file, shaped as its header says (a .gz decompressed to its end and
+    its values counted; an uncompressed file's length is checked against its header)."""
     dims = _idx_header(path, images)
     offset = 16 if images else 8
     if path.suffix == ".gz":
-        with gzip.open(path, "rb") as fh:
-            raw = fh.read()
+        try:
+            with gzip.open(path, "rb") as fh:
+                raw = fh.read()
+        except (OSError, EOFError, zlib.error) as exc:
+            raise ValueError(f"{path} cannot be decompressed to its end ({exc}); download it again") from None
         data = np.frombuffer(raw, dtype=np.uint8, offset=offset)
         if data.size != int(np.prod(dims)):
             raise ValueError(f"{path} holds {data.size} values, its header says {int(np.prod(dims))}; "
