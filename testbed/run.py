@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
 def _report(cfg: RunConfig, outcome: Any) -> int:
     if outcome.error_line:
         print(f"testbed.run: error: {outcome.error_line}", file=sys.stderr)
+    for fault in (outcome.summary or {}).get("faults") or []:
+        if fault.get("kind") == "fault-not-reached":
+            print(f"testbed.run: warning: {fault['error']}", file=sys.stderr)
     if outcome.summary and outcome.summary.get("fidelity_warning"):
         print(f"testbed.run: warning: {outcome.summary['fidelity_warning']}", file=sys.stderr)
     if outcome.exit_code == 0 and outcome.summary and outcome.summary.get("eval_error"):  # else: the error above

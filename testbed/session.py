@@ -39,7 +39,13 @@ from testbed.analysis.results import OutputError, RunFolder, chrome_trace, new_r
 from testbed.config import ConfigError, RunConfig
 from testbed.config.calibration import load_calibration
 from testbed.emulation.dilation import advice
-from testbed.emulation.faults import Diverged, NonFiniteGradient, RestartsExhausted, ServerLost
+from testbed.emulation.faults import (
+    Diverged,
+    NonFiniteGradient,
+    RestartsExhausted,
+    ServerLost,
+    not_reached,
+)
 from testbed.evaluation import Evaluator
 from testbed.interrupts import INTERRUPTS, Interrupts
 from testbed.records import EVAL_COLUMNS, STEP_COLUMNS, UPDATE_COLUMNS, Recorder
@@ -77,7 +83,7 @@ def execute(cfg: RunConfig, *, run_id: str | None = None, launched: float | None
     spec = registry.SPECS[cfg.strategy]
     cluster = Cluster(cfg.cluster, workers=cfg.workers, servers=spec.servers(cfg),
                       torch_workers=cfg.workload.imports_torch, colocated=spec.colocated_servers(cfg),
-                      gpu_exclusive=spec.cannot_share_gpu(cfg))
+                      gpu_exclusive=spec.cannot_share_gpu(cfg), workload=cfg.workload)
     with INTERRUPTS as interrupts:
         return _execute(spec, cfg, cluster, run_id or new_run_id(cfg.strategy, cfg.workers), interrupts, launched)
 
@@ -162,6 +168,7 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
             bar.close()
     if ended.status == "completed":
         _check_finite(params, recorder, ended)
+        _faults_not_reached(cfg, recorder)
     with interrupts.shielded():  # what was measured is saved whatever arrives now
         summary = None
         if log is not None:
@@ -179,6 +186,18 @@ def _check_finite(params: Any, recorder: Recorder, ended: _Ended) -> None:
         ended.set("diverged", 4, "the final parameters are not finite; lower --lr")
     elif recorder.updates and not np.isfinite(max(recorder.updates, key=lambda u: u["version"])["loss"]):
         ended.set("diverged", 4, "the loss of the last update is not finite; lower --lr")
+
+
+def _faults_not_reached(cfg: RunConfig, recorder: Recorder) -> None:
+    """Record a `fault-not-reached` for each --fail item this completed run never got to (its
+    `error` is the line `testbed.run` prints): whether a worker reaches iteration `at` only the
+    run can tell when workers share --steps unevenly (asynchronous strategies)."""
+    missed = not_reached(cfg.faults.fail.items, recorder.steps, recorder.updates,
+                         recorder.extra.get("faults", []))
+    now = time.time()
+    for fault, line in missed:
+        actor = f"worker{fault.index}" if fault.target == "worker" else f"ps{fault.index}"
+        recorder.fault("fault-not-reached", actor, fault.at, now, now, fault=fault.to_text(), error=line)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -150,8 +150,10 @@ SUMMARY = {
                              "5% (at least 3 updates), with the fix (a --dilation that would fit; below the model, one "
                              "only when the emulator ran late: `emulation_leak_frac` above 0.5); "
                              "`testbed.run` prints it; null otherwise"),
-    "faults": ("", "list of faults and recoveries: `kind` (worker-restart, server-restart, nan-skipped), "
-                   "`actor`, `iteration`, `t0`, `time_lost_s`, and kind-specific detail"),
+    "faults": ("", "list of faults and recoveries: `kind` (worker-restart, server-restart, nan-skipped, "
+                   "worker-lost: a gossip worker's death, which nothing recovers; fault-not-reached: a "
+                   "`--fail` item the completed run never got to, with its `fault` and the `error` line "
+                   "`testbed.run` prints), `actor`, `iteration`, `t0`, `time_lost_s`, and kind-specific detail"),
     "rolled_back_updates": ("", "updates undone by a parameter-server rollback (kept aside, not in "
                                 "updates.parquet)"),
     "eval_every": ("updates", "`--eval-every`: versions 0, K, 2K, ... and the last are evaluated (0: none)"),

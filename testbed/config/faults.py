@@ -77,9 +77,16 @@ def format_faults(faults: tuple[Fault, ...]) -> str:
     return ";".join(f.to_text() for f in faults) or "none"
 
 
-def check_faults(faults: tuple[Fault, ...], *, workers: int, servers: int) -> None:
-    """Raise ValueError naming a fault whose worker or server does not exist."""
+def check_faults(faults: tuple[Fault, ...], *, workers: int, servers: int, steps: int | None = None) -> None:
+    """Raise ValueError naming a fault whose worker or server does not exist, or (given the
+    run's `steps`) whose `at` lies beyond the run: no worker makes more than `steps` iterations
+    (0..steps-1) and no shard is about to apply a version past steps-1, so it could never fire."""
     for f in faults:
+        if steps is not None and f.at >= steps:
+            what = (f"worker {f.index}'s iterations are" if f.target == "worker"
+                    else f"the versions shard {f.index} is about to apply are")
+            raise ValueError(f"--fail {f.to_text()!r}: {what} 0..{steps - 1} in a run of --steps {steps}, "
+                             f"so it would never fire; use at in 0..{steps - 1} or raise --steps")
         if f.target == "worker" and f.index >= workers:
             raise ValueError(f"--fail {f.to_text()!r}: there is no worker {f.index}; "
                              f"use a worker in 0..{workers - 1}")

@@ -212,7 +212,7 @@ def _validate_workers_named(cfg: RunConfig, servers: int) -> None:
             fail("straggler", cfg.straggler, f"there is no worker {worker}; use a worker in "
                  f"0..{cfg.workers - 1} (--workers {cfg.workers})")
     try:
-        check_faults(tuple(cfg.faults.fail), workers=cfg.workers, servers=servers)
+        check_faults(tuple(cfg.faults.fail), workers=cfg.workers, servers=servers, steps=cfg.steps)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

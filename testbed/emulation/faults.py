@@ -15,6 +15,8 @@ diverging model never spins forever. Pure; no Ray import.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -80,3 +82,33 @@ class NanPolicy:
         if self.stop:
             raise NonFiniteGradient(f"{what}: not finite (--on-nan stop)")
         return False
+
+
+def not_reached(faults: Iterable[Fault], steps: Iterable[Mapping[str, Any]],
+                updates: Iterable[Mapping[str, Any]], fired: Iterable[Mapping[str, Any]]) -> list[tuple[Fault, str]]:
+    """The faults of a run that ended without reaching them, each with a line saying how far its
+    target got: a worker fault whose worker recorded no iteration at or past `at` (an
+    asynchronous worker makes only its share of --steps), a server fault while no version past
+    `at` was applied -- and, either way, with no fault recorded of that actor at or past `at`.
+    STEPS and UPDATES are the run's records, FIRED its recorded faults."""
+    last: dict[int, int] = {}
+    for row in steps:
+        last[int(row["worker"])] = max(last.get(int(row["worker"]), -1), int(row["iteration"]))
+    version = max((int(u["version"]) for u in updates), default=0)
+    seen: dict[str, int] = {}
+    for row in fired:
+        seen[str(row["actor"])] = max(seen.get(str(row["actor"]), -1), int(row["iteration"]))
+    out = []
+    for f in faults:
+        actor = f"worker{f.index}" if f.target == "worker" else f"ps{f.index}"
+        if seen.get(actor, -1) >= f.at:
+            continue
+        if f.target == "worker" and last.get(f.index, -1) < f.at:
+            got = last.get(f.index)
+            far = "no iteration" if got is None else f"iterations 0..{got}"
+            out.append((f, f"--fail {f.to_text()!r} never fired: worker {f.index} made {far} in this "
+                           f"run; use a smaller at (an asynchronous worker makes about --steps / --workers)"))
+        elif f.target == "server" and version <= f.at:
+            out.append((f, f"--fail {f.to_text()!r} never fired: the run applied versions up to {version}; "
+                           "use a smaller at"))
+    return out

@@ -29,7 +29,9 @@ Watching costs the driver one replica per worker step (K bytes each; not counted
 traffic, and off the workers' critical path except for the copy a step returns).
 
 Faults: there is no recovery. A dead or hung worker stalls its neighbours, whose receives (or
-averaging calls) time out after --timeout; the run then fails with every record so far kept.
+averaging calls) time out after --timeout; the run then fails with every record so far kept. A
+worker whose process died is named: the run records a `worker-lost` fault and fails with one
+line naming the worker and its iteration (`WorkerLost`).
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ class GossipSGD(Strategy):
                 self._run_async(recorder, losses)
             else:
                 self._run_sync(recorder, losses, np.mean(replicas, axis=0))
+        except WorkerLost as lost:
+            recorder.fault("worker-lost", f"worker{lost.worker}", lost.iteration, lost.t_issue, time.time(),
+                           cause=lost.error, recovery="none")
+            raise
         finally:
             losses.close(cfg.cluster.timeout_s)
         recorder.events_from(remote.drain_events(self.peers, cfg.cluster.timeout_s))
@@ -152,6 +158,16 @@ class GossipSGD(Strategy):
         remote.kill_all(getattr(self, "peers", []))
 
 
+class WorkerLost(RuntimeError):
+    """A gossip worker's process died: gossip cannot go on without it."""
+
+    def __init__(self, worker: int, iteration: int, t_issue: float, error: str) -> None:
+        super().__init__(f"gossip: worker {worker} died during its iteration {iteration} ({error}); gossip "
+                         "has no recovery (its neighbour graph is not rebuilt around a lost worker): use "
+                         "ring, ps-sync or mapreduce, which restart a dead worker (--max-restarts)")
+        self.worker, self.iteration, self.t_issue, self.error = worker, iteration, t_issue, error
+
+
 class _Driver:
     """Keep one step in flight per worker; yield (worker, iteration, info, t_issue) as they end.
 
@@ -183,7 +199,10 @@ class _Driver:
                 raise remote.RemoteTimeout(f"gossip: no worker finished a step within {self.timeout:g}s "
                                            f"(workers {busy}); a neighbour may be dead or hung")
             w, it, t_issue = inflight.pop(ready[0])
-            info = remote.get(ready[0], self.timeout, f"gossip worker {w} step {it}")
+            try:
+                info = remote.get(ready[0], self.timeout, f"gossip worker {w} step {it}")
+            except ray.exceptions.RayActorError as exc:  # the process is gone (not an error it raised)
+                raise WorkerLost(w, it, t_issue, type(exc).__name__) from None
             issue(w)
             yield w, it, info, t_issue
 
