@@ -18,6 +18,7 @@ from typing import Any
 
 from testbed.config import ClusterConfig, ConfigError
 from testbed.runtime.rayprocs import _pid_alive, check_reachable, start_ray, stop_ray
+from testbed.workloads import footprint
 
 # Resident memory of one worker process, measured on the 2-core machine (ps RSS after setup):
 # a torch worker is dominated by the torch import, a synthetic worker by Ray's runtime.
@@ -38,7 +39,7 @@ def plan_resources(
     *, workers: int, servers: int, total_cpus: float, total_gpus: float, total_memory: float,
     device: str, cpus_per_worker: float | None, torch_workers: bool | Callable[[str], bool],
     node_cpus: list[float] | None = None, colocated: bool = False, per_process: int = 1,
-    gpu_exclusive: str | None = None,
+    gpu_exclusive: str | None = None, model_bytes: float = 0.0,
 ) -> ResourcePlan:
     """Decide each actor's share; raise ConfigError naming the flag when the cluster is short.
 
@@ -50,7 +51,9 @@ def plan_resources(
     logical workers (--workers-per-process): shares and memory are per process, `cpus_per_worker`
     is per logical worker (a process gets K of them), and the errors name the flags as given.
     `gpu_exclusive`: why the strategy's workers cannot share a GPU, with the fix (its spec's
-    `cannot_share_gpu`), or None where several workers may share one (each a fraction of it)."""
+    `cannot_share_gpu`), or None where several workers may share one (each a fraction of it).
+    `model_bytes`: one logical worker's model state (`testbed.workloads.footprint`), on top of
+    each worker process's runtime."""
     if device == "cuda" and total_gpus < 1:
         raise ConfigError("--device 'cuda': the cluster has no GPU; use --device cpu (or auto)")
     resolved = "cuda" if device == "cuda" or (device == "auto" and total_gpus >= 1) else "cpu"
@@ -61,14 +64,15 @@ def plan_resources(
     if callable(torch_workers):  # whether workers import torch can depend on the device
         torch_workers = torch_workers(resolved)
     per_actor = ACTOR_MEMORY_TORCH if torch_workers else ACTOR_MEMORY_PLAIN
-    fit = int(total_memory // per_actor)
+    per_worker = per_actor + model_bytes * per_process
+    fit = int((total_memory - servers * per_actor) // per_worker)  # worker processes that fit
     asked = (f"--workers {workers}" if per_process == 1 else
              f"--workers-per-process {per_process}: {workers} worker processes")
-    if actors > fit:
+    if workers > fit:
         raise ConfigError(
             f"{asked}: {actors} actor processes need about "
-            f"{actors * per_actor / 2**30:.1f} GiB but the cluster has {total_memory / 2**30:.1f} GiB; "
-            f"use at most {max(1, fit - servers) * per_process} workers or add nodes (--address)"
+            f"{(workers * per_worker + servers * per_actor) / 2**30:.1f} GiB but the cluster has "
+            f"{total_memory / 2**30:.1f} GiB; use at most {max(1, fit) * per_process} workers or add nodes (--address)"
         )
     if cpus_per_worker is None:
         units = [2] * min(servers, workers) + [1] * (workers - min(servers, workers)) if colocated else [1] * actors
@@ -150,7 +154,7 @@ class Cluster:
 
     def __init__(self, cfg: ClusterConfig, *, workers: int, servers: int = 0,
                  torch_workers: bool | Callable[[str], bool] = True, colocated: bool = False,
-                 gpu_exclusive: str | None = None) -> None:
+                 gpu_exclusive: str | None = None, workload: Any = None) -> None:
         # --workers-per-process K: `workers` logical workers live in ceil(workers / K) processes
         # (testbed.runtime.hosting); a bundle, a CPU share and a memory estimate are per process
         # (None: a ClusterConfig no run validated, the benchmark's: one process per actor)
@@ -160,6 +164,7 @@ class Cluster:
         self.colocated = colocated  # server i in worker i's bundle (same node), not a bundle of its own
         self.torch_workers = torch_workers
         self.gpu_exclusive = gpu_exclusive  # why its workers need a GPU each (None: they may share one)
+        self.workload = workload  # its WorkloadConfig: the model's memory (None: not counted)
         self.started_ray = False
         self.pg: Any = None
         self.plan: ResourcePlan | None = None
@@ -181,11 +186,15 @@ class Cluster:
         return self._plan(m["CPU"], m["GPU"], m["memory"])
 
     def _plan(self, cpus: float, gpus: float, memory: float, node_cpus: list[float] | None = None) -> ResourcePlan:
+        model = 0
+        if self.workload is not None:
+            model = footprint.worker_bytes(self.workload)
+            footprint.check_fits(self.workload, self.per_process, memory, ACTOR_MEMORY_TORCH)
         return plan_resources(
             workers=self.processes, servers=self.servers, total_cpus=cpus, total_gpus=gpus,
             total_memory=memory, device=self.cfg.device, cpus_per_worker=self.cfg.cpus_per_worker,
             torch_workers=self.torch_workers, node_cpus=node_cpus, colocated=self.colocated,
-            per_process=self.per_process, gpu_exclusive=self.gpu_exclusive,
+            per_process=self.per_process, gpu_exclusive=self.gpu_exclusive, model_bytes=model,
         )
 
     def start(self) -> Cluster:
