@@ -360,6 +360,9 @@ def _command(ns: argparse.Namespace) -> int:
     if ns.command == "up":
         if not 1 <= ns.nodes <= 200:
             raise UsageError(f"--nodes {ns.nodes}: use 1..200")
+        if not (ns.cpus >= 1 and float(ns.cpus).is_integer()):  # before anything is created
+            raise UsageError(f"--cpus {ns.cpus:g}: each node offers Ray a whole number of CPUs "
+                             "(ray start --num-cpus); use 1 or more, e.g. 2")
         state = up(ns.name, ns.nodes, ns.cpus)
         print(state["address"])
     elif ns.command == "kill-node":

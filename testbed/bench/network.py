@@ -61,7 +61,25 @@ def validate(ns: argparse.Namespace, split: Any, parse_sizes: Any) -> None:
         raise ConfigError(f"--warmup {ns.warmup!r}: use an integer >= 0, e.g. 5")
     if not (ns.timeout > 0 and np.isfinite(ns.timeout)):
         raise ConfigError(f"--timeout {ns.timeout!r}: use a finite number of seconds > 0, e.g. 120")
+    check_memory(ns.sizes, sizes)
     ns.sizes, ns.paths = sorted(set(sizes)), list(dict.fromkeys(paths))
+
+
+COPIES = 6  # of the largest message: each peer's outgoing and incoming one, a channel or object-store copy each way
+
+
+def check_memory(given: str, sizes: list[int]) -> None:
+    """Refuse, before Ray, a size the machine cannot hold COPIES times (a 1TiB message otherwise
+    ends in a MemoryError inside a peer); the memory Ray would give its workers."""
+    from testbed.runtime.cluster import local_machine
+
+    s = max(sizes)
+    need, have = s * COPIES, local_machine()["memory"]
+    if need > have:
+        raise ConfigError(f"--sizes {given!r}: two peers hold about {COPIES} copies of a message of "
+                          f"{format_bytes(s)}, "
+                          f"{need / 2**30:.1f} GiB, but the machine has {have / 2**30:.1f} GiB for them; "
+                          f"use sizes up to {format_bytes(int(have // COPIES))}")
 
 
 def run_network(ns: argparse.Namespace, prog: str) -> dict[str, Any]:
