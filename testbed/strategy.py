@@ -47,6 +47,19 @@ class Prediction:
     comm_s_no_overlap: float | None = None  # the no-overlap upper bound, where comm_s pipelines
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One configuration of a strategy that `python -m testbed.map` ranks: config keys -> values
+    on top of the map's base config, the name the map shows, and whether its update is the
+    synchronous minibatch step (`exact`: one step averages every worker's gradient of the same
+    parameters, so step times compare as they are); stale or averaged-model updates are not, and
+    rank only once their samples to a target loss are known."""
+
+    overrides: Mapping[str, Any]
+    label: str
+    exact: bool = True
+
+
 class StrategySpec(ABC):
     """What is true of one strategy, known without Ray (see the module docstring)."""
 
@@ -87,6 +100,17 @@ class StrategySpec(ABC):
         """Which measured path of a real network its messages take (testbed.config.calibration):
         an actor call through the object store unless the strategy says otherwise."""
         return "call"
+
+    def map_variants(self, cfg: RunConfig) -> list[Variant]:
+        """The configurations of this strategy worth ranking for cfg's workers (testbed.map):
+        by default its own defaults alone."""
+        return [Variant({}, self.name)]
+
+    def plan(self, cfg: RunConfig, logical_sizes: list[int], backward_share: list[float] | None) -> dict[str, Any]:
+        """What a run of cfg resolves at setup that `predict` reads, from the workload's logical
+        tensor sizes alone (no Ray; testbed.map predicts from it): the gradient bytes, and what a
+        strategy adds of its own (the allreduce's buckets)."""
+        return {"grad_bytes_logical": 4 * sum(logical_sizes)}
 
     @abstractmethod
     def predict(self, cfg: RunConfig, resolved: Mapping[str, Any], latency: float,

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from testbed.allreduce.algorithms import ALGORITHMS
+from testbed.allreduce.algorithms import ALGORITHMS, groups_of_size
+from testbed.allreduce.ring import make_buckets
 from testbed.analysis import costmodel
 from testbed.config import RunConfig, fail
-from testbed.strategy import NotModelled, Prediction, StrategySpec
+from testbed.strategy import NotModelled, Prediction, StrategySpec, Variant
 
 TRANSPORTS = ("object-store", "torch")
 RING_KEYS = frozenset({"ring.bucket_mb", "ring.first_bucket_mb", "ring.overlap", "ring.transport", "ring.algorithm",
@@ -108,6 +109,34 @@ class AllreduceSpec(StrategySpec):
         if cfg.ring.transport == "torch":
             return "torch"
         return "channel" if cfg.ring.algorithm == "ring" else "call"
+
+    def map_variants(self, cfg: RunConfig) -> list[Variant]:
+        """ring: every --algorithm, with and without --overlap, over the object store (the torch
+        transport moves the same bytes by the same model); hierarchical only where the map was
+        told the workers per machine (--node-size), which it groups by. allreduce-torch: its
+        defaults (the model has no formula for the library's own algorithm)."""
+        if self.library:
+            return super().map_variants(cfg)
+        algorithms = [a for a in ALGORITHMS if a != "hierarchical" or cfg.ring.node_size is not None]
+        return [Variant({"ring.algorithm": alg, "ring.overlap": overlap, "ring.transport": "object-store",
+                         "ring.node_size": cfg.ring.node_size if alg == "hierarchical" else None},
+                        f"{self.name} {alg}" + (f" g={cfg.ring.node_size}" if alg == "hierarchical" else "")
+                        + ("" if overlap else ", no overlap"))
+                for alg in algorithms for overlap in (True, False)]
+
+    def plan(self, cfg: RunConfig, logical_sizes: list[int], backward_share: list[float] | None) -> dict[str, Any]:
+        """The buckets a peer forms (peer.py: make_buckets over the logical sizes, first bucket
+        capped), each one's bytes and share of backward, and the node groups of --node-size (one
+        node without it, as on one machine)."""
+        elems = max(1, int(cfg.ring.bucket_mb * 2**20 / 4))
+        first = max(1, int(cfg.ring.first_bucket_mb * 2**20 / 4))
+        buckets = make_buckets(logical_sizes, elems, first)
+        groups = groups_of_size(cfg.workers, cfg.ring.node_size or cfg.workers)
+        return {**super().plan(cfg, logical_sizes, backward_share), "buckets": len(buckets),
+                "bucket_bytes_logical": [4 * sum(logical_sizes[i] for i in b) for b in buckets],
+                "bucket_backward_share": None if backward_share is None
+                else [float(sum(backward_share[i] for i in b)) for b in buckets],
+                "nodes": len(groups), "node_size": max(len(g) for g in groups)}
 
     def predict(self, cfg: RunConfig, resolved: Mapping[str, Any], latency: float,
                 bandwidth: float) -> Prediction:

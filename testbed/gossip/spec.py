@@ -14,7 +14,7 @@ from typing import Any
 from testbed.analysis import costmodel
 from testbed.config import RunConfig, fail
 from testbed.gossip.topology import TOPOLOGIES, degree
-from testbed.strategy import Prediction, StrategySpec
+from testbed.strategy import Prediction, StrategySpec, Variant
 
 
 class GossipSpec(StrategySpec):
@@ -41,6 +41,14 @@ class GossipSpec(StrategySpec):
         if cfg.compression.kind == "topk":
             fail("compression", cfg.compression, "gossip averages parameters, not gradients, and "
                  "top-k of parameters does not average; use fp16 or none")
+
+    def map_variants(self, cfg: RunConfig) -> list[Variant]:
+        """Every --topology in rounds, and pairwise (--gossip-async) on cfg's topology. The
+        replicas only approach their average, so no variant is `exact`."""
+        rounds = [Variant({"gossip.topology": t, "gossip.asynchronous": False}, f"{self.name} {t}", exact=False)
+                  for t in TOPOLOGIES]
+        return rounds + [Variant({"gossip.asynchronous": True}, f"{self.name} {cfg.gossip.topology} async",
+                                 exact=False)]
 
     def _model_bytes(self, cfg: RunConfig, resolved: Mapping[str, Any]) -> float:
         return cfg.compression.wire_bytes(resolved["grad_bytes_logical"])

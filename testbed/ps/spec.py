@@ -32,7 +32,7 @@ from typing import Any
 from testbed.analysis import costmodel, psmodel
 from testbed.config import RunConfig, fail
 from testbed.ps.partition import partition_count
-from testbed.strategy import NotModelled, Prediction, StrategySpec
+from testbed.strategy import NotModelled, Prediction, StrategySpec, Variant
 
 SUMMARY_KEYS = {
     "grad_bytes_logical": "bytes: the logical gradient K",
@@ -90,6 +90,25 @@ class PSSpec(StrategySpec):
         if ps.placement == "colocated" and ps.count > cfg.workers:
             fail("ps.placement", ps.placement, f"puts server i beside worker i, so it needs at most "
                  f"--workers ({cfg.workers}) servers, not {ps.count}; use fewer servers or dedicated")
+
+    def map_variants(self, cfg: RunConfig) -> list[Variant]:
+        """ps-sync: k = 1, N/4, N/2 and N servers (the ends of docs/placement.md's axis and two
+        between), dedicated and colocated, partitioned (cfg's --ps-partition-mb, 4 MiB by default)
+        and not (0). ps-async: the same k, dedicated and partitioned, free-running and under SSP
+        (cfg's --staleness-bound, else 1: the least bound that lets a worker run ahead; 0 is BSP).
+        Asynchronous updates are stale, so they are not `exact`."""
+        n, mb = cfg.workers, cfg.ps.partition_mb or 4.0
+        ks = {}  # k -> its name relative to N, so that one label means one placement at every N
+        for name, k in (("1", 1), ("N/4", n // 4), ("N/2", n // 2), ("N", n)):
+            ks.setdefault(max(1, k), name)
+        if self.sync:
+            return [Variant({"ps.servers": k, "ps.placement": where, "ps.partition_mb": part},
+                            f"{self.name} k={name} {where}, " + (f"{part:g} MiB partitions" if part else "unpartitioned"))
+                    for k, name in ks.items() for where in ("dedicated", "colocated") for part in (mb, 0.0)]
+        bound = cfg.ps.staleness_bound if cfg.ps.staleness_bound is not None else 1
+        return [Variant({"ps.servers": k, "ps.partition_mb": mb, "ps.staleness_bound": s},
+                        f"{self.name} k={name}" + ("" if s is None else f" SSP s={s}"), exact=False)
+                for k, name in ks.items() for s in (None, bound)]
 
     def predict(self, cfg: RunConfig, resolved: Mapping[str, Any], latency: float,
                 bandwidth: float) -> Prediction:
