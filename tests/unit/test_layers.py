@@ -12,7 +12,7 @@ Layers (lowest first; a module may import its own layer and the ones below):
     ps mapreduce allreduce gossip     the strategies (never each other)
     registry reference                the table of strategies; single-process SGD
     session interrupts evaluation     the one code path of a run; signals; held-out evaluation
-    run sweep sweeprun sweepspec bench docs
+    run sweep sweeprun sweepspec bench docs map
                                       the command lines
 """
 
@@ -33,7 +33,7 @@ LAYERS = [
     {"ps", "mapreduce", "allreduce", "gossip"},
     {"registry", "reference"},
     {"session", "interrupts", "evaluation"},
-    {"run", "sweep", "sweeprun", "sweepcheck", "sweepspec", "bench", "docs", "nscluster", "__main__", "__init__"},
+    {"run", "sweep", "sweeprun", "sweepcheck", "sweepspec", "bench", "docs", "nscluster", "map", "__main__", "__init__"},
 ]
 STRATEGY_PACKAGES = LAYERS[6]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
@@ -51,7 +51,7 @@ PURE = [
     "testbed.ps.spec", "testbed.mapreduce.spec", "testbed.workloads.synthetic",
     "testbed.workloads.profiles", "testbed.run", "testbed.optim", "testbed.analysis.evals",
     "testbed.config.datafiles", "testbed.workloads.images", "testbed.workloads.language",
-    "testbed.workloads.data",
+    "testbed.workloads.data", "testbed.map.grid", "testbed.map.table", "testbed.map.rank", "testbed.map.report",
 ]
 
 

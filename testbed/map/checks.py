@@ -1,0 +1,212 @@
+"""Spot checks: a few cells run as emulated experiments, measured beside predicted.
+
+Which cells. The map's answer is least certain where two families come close: a cell's
+`margin_other` (the best of another family over the winner) is 0 on a crossover line. The
+checked cells are the K - K//4 cells nearest a crossover (smallest margin_other) and the K//4
+farthest from one, among the cells whose runs this machine can host (`MAX_PROCESSES`). In each,
+the winner and the runner-up run.
+
+How. Each run is the configuration's own validated config on the cell's emulated link, through
+`testbed.session.execute` (the code path of `testbed.run`), for `STEPS` updates, with:
+
+- `--payload scaled:F`, F = PHYSICAL_BYTES / K: every byte count and emulated transfer uses the
+  logical gradient, so the physical arrays only cost memory and copies;
+- `--dilation D`, D = ceil(REAL_STEP_S / predicted step): the emulated step then lasts about a
+  real second, beside which this machine's own cost per message shrinks D-fold
+  (docs/emulation.md, "Fidelity at scale"). When the step is off the prediction, and the run says
+  why -- its emulator ran late (`emulation_leak_frac` > LEAK_LIMIT) while it came out below the
+  model, or its communication came out above the model -- it runs once more at the dilation the
+  run's own advice computes (testbed.emulation.dilation.advice).
+
+A check is `ok` when the run completed, was faithful and its step is within TOLERANCE of the
+prediction; otherwise it is `off` with the reason, and the map marks the cell. Records go to
+checks.jsonl in the map's folder keyed by the run config, so a rerun reuses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from testbed.config import Payload, RunConfig, with_overrides
+from testbed.emulation.dilation import FIDELITY_TOLERANCE, LEAK_LIMIT
+from testbed.registry import SPECS
+
+TOLERANCE = 0.10  # measured step within 10% of the predicted step
+STEPS = 3  # updates per check run: the step time is their median interval
+PHYSICAL_BYTES = 2**20  # arrays that travel: 1 MiB (the fidelity sweeps' 100 MiB at scaled:0.01)
+REAL_STEP_S = 1.0  # a dilated step of about this many real seconds (see the module docstring)
+MAX_DILATION = 1000.0
+# Worker processes plus server actors one check may start: on 2 cores each costs about 0.5 s to
+# start and 90-100 MiB (docs/emulation.md, "Many workers on one box"); 24 start in about 12 s.
+MAX_PROCESSES = 24
+
+
+def processes(cfg: RunConfig) -> int:
+    """Processes a run of cfg starts: its worker processes and its servers."""
+    return -(-cfg.workers // (cfg.cluster.workers_per_process or 1)) + SPECS[cfg.strategy].servers(cfg)
+
+
+def select(cells: pd.DataFrame, k: int, hostable: Any) -> pd.DataFrame:
+    """K cells: K - K//4 nearest a crossover, K//4 farthest (see the module docstring);
+    `hostable(cell) -> bool` says whether this machine can run the cell's two runs."""
+    ok = cells[cells["margin_other"].notna()]
+    ok = ok[[bool(hostable(c)) for _, c in ok.iterrows()]].sort_values(["margin_other", "workers"], kind="stable")
+    near = ok.head(k - k // 4)
+    far = ok.drop(near.index).tail(k // 4)
+    return pd.concat([near.assign(chosen="near a crossover"), far.assign(chosen="far from one")])
+
+
+def dilation_for(predicted_step_s: float) -> float:
+    return float(min(MAX_DILATION, max(1, math.ceil(REAL_STEP_S / predicted_step_s))))
+
+
+def check_config(cfg: RunConfig, predicted_step_s: float, k_bytes: float, runs_dir: Path,
+                 dilation: float | None = None) -> RunConfig:
+    """cfg as a check runs it: few steps, scaled payload, dilated, into runs_dir."""
+    scale = min(1.0, PHYSICAL_BYTES / k_bytes)
+    return with_overrides(cfg, steps=STEPS, out=str(runs_dir), quiet=True,
+                          **{"workload.payload": Payload(scale),
+                             "network.dilation": dilation or dilation_for(predicted_step_s)})
+
+
+def config_key(cfg: RunConfig) -> str:
+    data = cfg.to_dict()
+    data.pop("out", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def read_records(path: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line: that run runs again
+            out[rec["key"]] = rec
+    return out
+
+
+def judge(cfg: RunConfig, predicted_step_s: float, summary: dict[str, Any] | None, status: str,
+          error: str | None) -> dict[str, Any]:
+    """Measured beside predicted, and the verdict with its reason. Pure."""
+    out: dict[str, Any] = {"measured_step_s": None, "ratio": None, "leak": None, "fidelity": None,
+                           "verdict": "off", "reason": None}
+    if status != "completed" or not summary or summary.get("step_time_p50_s") is None:
+        out["reason"] = f"the run ended {status}" + (f": {error}" if error else "")
+        return out
+    # a synchronous update is one step of all N workers; an asynchronous one is one worker's
+    # gradient, and N of them arrive per worker iteration (the map's step)
+    per_step = 1 if SPECS[cfg.strategy].synchronous(cfg) else cfg.workers
+    measured = float(summary["step_time_p50_s"]) * per_step
+    out.update(measured_step_s=measured, ratio=measured / predicted_step_s,
+               leak=summary.get("emulation_leak_frac"), fidelity=summary.get("emulation_fidelity"))
+    own = summary.get("predicted_step_s")
+    reasons = []
+    if own is not None and not math.isclose(own, predicted_step_s, rel_tol=1e-6):
+        reasons.append(f"the run predicted {own:.4g} s, the map {predicted_step_s:.4g} s (their plans differ)")
+    if out["leak"] is not None and out["leak"] > LEAK_LIMIT and out["ratio"] < 1:  # advice()'s reading of a leak
+        reasons.append(f"not faithful: the emulator ran late by {out['leak']:.2f}x the predicted communication "
+                       f"per update (limit {LEAK_LIMIT})")
+    if abs(out["ratio"] - 1) > TOLERANCE:
+        reasons.append(f"measured {measured:.4g} s per step is {out['ratio']:.2f}x the predicted {predicted_step_s:.4g} s "
+                       f"(tolerance {TOLERANCE:.0%})")
+    out["verdict"], out["reason"] = ("off", "; ".join(reasons)) if reasons else ("ok", None)
+    return out
+
+
+def better_dilation(dilation: float, judged: dict[str, Any]) -> float | None:
+    """The run's own advice (testbed.emulation.dilation.advice): D * leak / LEAK_LIMIT when the
+    emulator ran late, D * excess / (tolerance / 2) when communication came out above the model;
+    None when more dilation would not help."""
+    leak, fid = judged.get("leak"), judged.get("fidelity")
+    if judged.get("ratio") is None or abs(judged["ratio"] - 1) <= TOLERANCE:
+        return None  # the step is on the prediction: nothing to fix
+    if leak is not None and leak > LEAK_LIMIT:
+        return float(math.ceil(dilation * leak / LEAK_LIMIT))
+    if fid is not None and fid > 1 + FIDELITY_TOLERANCE:
+        return float(math.ceil(dilation * (fid - 1) / (FIDELITY_TOLERANCE / 2)))
+    return None
+
+
+def run_one(cfg: RunConfig) -> tuple[str, dict[str, Any] | None, str | None, str | None]:
+    """(status, summary, error line, run folder) of one run through the single-run code path."""
+    from testbed.session import execute
+
+    try:
+        outcome = execute(cfg)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one check fails, the map goes on
+        return "failed", None, f"{type(exc).__name__}: {exc}", None
+    status = {0: "completed", 4: "diverged", 130: "interrupted"}.get(outcome.exit_code, "failed")
+    if status == "interrupted":
+        raise KeyboardInterrupt
+    return status, outcome.summary, outcome.error_line, str(outcome.folder) if outcome.folder else None
+
+
+def run_checks(todo: list[dict[str, Any]], out_dir: Path, quiet: bool) -> dict[str, dict[str, Any]]:
+    """Run every check not yet in checks.jsonl; return all records by key. `todo`: dicts with
+    cfg (RunConfig), predicted_step_s, k_bytes and the row's label and cell."""
+    path = out_dir / "checks.jsonl"
+    records = read_records(path)
+    pending = [t for t in todo if t["key"] not in records]
+    if not pending:
+        return records
+    from testbed.interrupts import INTERRUPTS
+    from testbed.runtime.rayprocs import start_ray, stop_ray
+
+    bar = None
+    if not quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), initial=len(todo) - len(pending), desc="checks", unit="run", dynamic_ncols=True)
+    started = False
+    with INTERRUPTS as interrupts:
+        try:
+            with interrupts.deferred():
+                started = start_ray(None, flag="cluster.address")
+            for t in pending:
+                if bar is not None:
+                    bar.set_postfix_str(f"{t['label']} N={t['workers']} {t['bandwidth']}", refresh=True)
+                rec = _check(t, out_dir)
+                records[t["key"]] = rec
+                with open(path, "a") as fh:
+                    fh.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
+                if bar is not None:
+                    bar.update(1)
+        except KeyboardInterrupt:
+            print("testbed.map: interrupted; finished checks are in checks.jsonl: run again to go on", file=sys.stderr)
+            raise
+        finally:
+            with interrupts.shielded():
+                if bar is not None:
+                    bar.close()
+                if started:
+                    stop_ray()
+    return records
+
+
+def _check(t: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    runs = out_dir / "runs"
+    cfg = check_config(t["cfg"], t["predicted_step_s"], t["k_bytes"], runs)
+    tries = []
+    while True:
+        status, summary, error, folder = run_one(cfg)
+        judged = judge(cfg, t["predicted_step_s"], summary, status, error)
+        tries.append({"dilation": cfg.network.dilation, "run_dir": folder, **judged})
+        better = better_dilation(cfg.network.dilation, judged) if judged["verdict"] == "off" else None
+        if len(tries) > 1 or better is None or better <= cfg.network.dilation or better > MAX_DILATION:
+            break
+        cfg = check_config(t["cfg"], t["predicted_step_s"], t["k_bytes"], runs, dilation=better)
+    last = tries[-1]
+    return {"key": t["key"], "label": t["label"], "latency": t["latency"], "bandwidth": t["bandwidth"],
+            "workers": t["workers"], "predicted_step_s": t["predicted_step_s"],
+            "payload": str(cfg.workload.payload), "tries": tries, **last}

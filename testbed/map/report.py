@@ -1,0 +1,108 @@
+"""map.md: the answer in sentences, the checks beside it, and what was not ranked. Pure.
+
+Per panel (latency) and bandwidth, consecutive worker counts with the same winner form one
+sentence: "at 10Gbit, up to N = 16 X wins by 2-3% over its runner-up and by 15-22% over the best
+of another family (Y); from N = 32, Z ...".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from testbed import units
+
+
+def _pct(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{100 * lo:.0f}%" if round(100 * lo) == round(100 * hi) else f"{100 * lo:.0f}-{100 * hi:.0f}%"
+
+
+def _names(labels: Any) -> list[str]:
+    """The distinct labels, most frequent first, at most two and "..." (sentences stay short)."""
+    counts = pd.Series([x for x in labels if x is not None]).value_counts(sort=True)
+    names = list(counts.index[:2])
+    return names + (["..."] if len(counts) > 2 else [])
+
+
+def segments(row: pd.DataFrame) -> list[dict[str, Any]]:
+    """Runs of consecutive worker counts (sorted) with one winner."""
+    out: list[dict[str, Any]] = []
+    for _, c in row.sort_values("workers").iterrows():
+        if out and out[-1]["winner"] == c["winner"]:
+            out[-1]["cells"].append(c)
+        else:
+            out.append({"winner": c["winner"], "cells": [c]})
+    return out
+
+
+def sentence(bandwidth: str, latency: str, row: pd.DataFrame) -> str:
+    parts = []
+    segs = segments(row)
+    for i, seg in enumerate(segs):
+        ns = [int(c["workers"]) for c in seg["cells"]]
+        if len(segs) == 1:
+            where = "at every N"
+        elif len(ns) == 1:
+            where = f"at N = {ns[0]}"
+        elif i == 0:
+            where = f"up to N = {ns[-1]}"
+        elif i == len(segs) - 1:
+            where = f"from N = {ns[0]} on"
+        else:
+            where = f"from N = {ns[0]} to {ns[-1]}"
+        if seg["winner"] is None:
+            parts.append(f"{where} nothing is ranked")
+            continue
+        text = f"{where} **{seg['winner']}** wins"
+        runner = [c["margin_runner_up"] for c in seg["cells"] if c["margin_runner_up"] is not None]
+        if runner:
+            ups = _names(c["runner_up"] for c in seg["cells"])
+            tied = any(c["tied"] for c in seg["cells"])
+            text += f" by {_pct(runner)} over its runner-up ({', '.join(ups)}{'; tied' if tied else ''})"
+        other = [c for c in seg["cells"] if c["margin_other"] is not None]
+        if other:
+            names = _names(c["other"] for c in other)
+            text += f" and by {_pct([c['margin_other'] for c in other])} over the best of another family ({', '.join(names)})"
+        parts.append(text)
+    return f"- At {bandwidth} ({latency}): " + "; ".join(parts) + "."
+
+
+def markdown(title: str, command: str, cells: pd.DataFrame, rows: pd.DataFrame, checks: pd.DataFrame,
+             ranked_by: str, notes: list[str]) -> str:
+    lines = [f"# {title}", "", "```", command, "```", "",
+             f"Ranked by {ranked_by}. Margins: how much slower the runner-up, and the best configuration of "
+             "another family, are than the winner (predicted).", ""]
+    for latency, panel in cells.groupby("latency", sort=False):
+        lines.append(f"## Latency {latency}" if latency != "calibrated" else "## The calibrated network")
+        lines.append("")
+        order = sorted(panel["bandwidth"].unique(), key=_bw_key)
+        for bw in order:
+            lines.append(sentence(bw, latency, panel[panel["bandwidth"] == bw]))
+        lines.append("")
+    lines += ["## Checks", ""]
+    if checks.empty:
+        lines += ["No cell was run (`--check-cells 0`).", ""]
+    else:
+        lines += ["Each checked cell's winner and runner-up ran as an emulated experiment (the code path of "
+                  "`testbed.run`): measured step beside predicted, the dilation it ran at, and the verdict "
+                  "(ok: faithful and within the tolerance).", "",
+                  "| latency | bandwidth | N | why chosen | configuration | predicted (s) | measured (s) | ratio | dilation | verdict |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for _, c in checks.iterrows():
+            meas = "" if c["measured_step_s"] is None or pd.isna(c["measured_step_s"]) else f"{c['measured_step_s']:.4g}"
+            ratio = "" if c["ratio"] is None or pd.isna(c["ratio"]) else f"{c['ratio']:.3f}"
+            verdict = c["verdict"] + (f": {c['reason']}" if c["verdict"] != "ok" and c["reason"] else "")
+            lines.append(f"| {c['latency']} | {c['bandwidth']} | {c['workers']} | {c['chosen']} | {c['label']} | "
+                         f"{c['predicted_step_s']:.4g} | {meas} | {ratio} | {c['dilation']:g} | {verdict} |")
+        lines.append("")
+    lines += ["## Not ranked", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+
+
+def _bw_key(bw: str) -> float:
+    try:
+        return units.parse_bandwidth(bw)
+    except ValueError:
+        return float("inf")

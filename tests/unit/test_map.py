@@ -1,0 +1,226 @@
+"""python -m testbed.map, without Ray: the ranking on hand-made tables, the configurations the
+strategies offer, the directions the shipped map must show, the choice of check cells, the
+verdict of a check, and bad input (one line, exit 2, before Ray)."""
+
+import math
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from testbed import units
+from testbed.analysis.psmodel import byteps_optimal_comm_s
+from testbed.config import RunConfig, with_overrides
+from testbed.map import checks, report
+from testbed.map.grid import parse_grid
+from testbed.map.rank import CELL, rank
+from testbed.map.table import configurations, predictions, tensor_plan
+from testbed.registry import SPECS
+
+FAST_S = 20  # far less than a Ray start and a check run
+
+
+def _table(scores, families, compute=1.0, cell=("50us", "10Gbit", 8)):
+    rows = [dict(zip(CELL, cell, strict=True), label=f"c{i}", strategy=f"s{i}", family=f,
+                 compute_s=compute, predicted_step_s=s if s == s else compute * 2, score_s=s)
+            for i, (s, f) in enumerate(zip(scores, families, strict=True))]
+    return pd.DataFrame(rows)
+
+
+def test_the_winner_is_the_lowest_score_and_margins_are_ratios():
+    scores, families = [3.0, 1.5, 2.0, 4.0], ["a", "b", "b", "a"]
+    rows, cells = rank(_table(scores, families))
+    cell = cells.iloc[0]
+    order = sorted(range(len(scores)), key=lambda i: scores[i])
+    assert cell["winner"] == f"c{order[0]}" and cell["runner_up"] == f"c{order[1]}"
+    assert cell["margin_runner_up"] == pytest.approx(scores[order[1]] / scores[order[0]] - 1)
+    other = min(s for s, f in zip(scores, families, strict=True) if f != families[order[0]])
+    assert cell["other_family"] != cell["winner_family"]
+    assert cell["margin_other"] == pytest.approx(other / scores[order[0]] - 1)
+    assert list(rows.sort_values("rank")["label"]) == [f"c{i}" for i in order]
+    assert (rows["efficiency"] == rows["compute_s"] / rows["predicted_step_s"]).all()
+    assert not cell["tied"]
+
+
+def test_ties_share_a_rank_and_a_zero_margin_and_the_label_decides_the_order():
+    scores = [2.0, 1.0, 1.0, 3.0]
+    rows, cells = rank(_table(scores, ["a", "a", "b", "b"]))
+    cell = cells.iloc[0]
+    assert cell["tied"] and cell["margin_runner_up"] == 0.0 and cell["margin_other"] == 0.0
+    assert (cell["winner"], cell["runner_up"]) == ("c1", "c2")  # equal scores: by label
+    tied = rows[rows["score_s"] == min(scores)]
+    assert set(tied["rank"]) == {1.0}
+    assert rows.loc[rows["label"] == "c0", "rank"].item() == 1 + len(tied)  # competition ranking
+
+
+def test_rows_without_a_score_are_listed_not_ranked():
+    rows, cells = rank(_table([float("nan"), 2.0], ["a", "b"]))
+    assert math.isnan(rows.loc[rows["label"] == "c0", "rank"].item())
+    cell = cells.iloc[0]
+    assert cell["winner"] == "c1" and cell["runner_up"] is None and cell["other"] is None
+
+
+def test_cells_rank_apart():
+    a, b = _table([1.0, 2.0], ["a", "b"], cell=("50us", "1Gbit", 4)), _table([2.0, 1.0], ["a", "b"])
+    _, cells = rank(pd.concat([a, b], ignore_index=True))
+    assert list(cells["winner"]) == ["c0", "c1"]
+
+
+def test_every_strategy_offers_configurations_that_validate_and_plan():
+    base = parse_grid(workload="profile:resnet50", workers="8", bandwidth="10Gbit", latency="50us",
+                      compute_ms=100, node_size=4).base()
+    sizes, shares = tensor_plan(base)
+    found = configurations(base, 8, node_size=4)
+    assert {c.spec.name for c in found} == set(SPECS)
+    assert all(c.config is not None for c in found), [c.refused for c in found if c.config is None]
+    labels = [c.variant.label for c in found]
+    assert len(labels) == len(set(labels))
+    for c in found:
+        plan = c.spec.plan(c.config, sizes, shares)
+        assert plan["grad_bytes_logical"] == 4 * sum(sizes)
+        if "bucket_bytes_logical" in plan:  # the allreduce's buckets cover the gradient once
+            assert sum(plan["bucket_bytes_logical"]) == plan["grad_bytes_logical"]
+            assert sum(plan["bucket_backward_share"]) == pytest.approx(1.0)
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    """The predictions of the shipped maps' axes (docs/map.md), at two latencies."""
+    out = []
+    for name in ("profile:resnet50", "profile:bert-large"):
+        grid = parse_grid(workload=name, workers="4,8,16,64", bandwidth="1Gbit,10Gbit,100Gbit",
+                          latency="50us,1ms", compute_ms=100)
+        out.append(predictions(grid).assign(profile=name))
+    return pd.concat(out, ignore_index=True)
+
+
+def _comm(cell, label):
+    return float(cell.loc[cell["label"] == label, "predicted_comm_s"].item())
+
+
+RING = "ring ring, no overlap"
+ONE_SERVER = "ps-sync k=1 dedicated, unpartitioned"
+ALL_SERVERS = "ps-sync k=N dedicated, 4 MiB partitions"
+ALL_WHOLE = "ps-sync k=N dedicated, unpartitioned"
+
+
+def _ring_buckets(profile, n):
+    base = parse_grid(workload=profile, workers=str(n), bandwidth="1Gbit", latency="0us", compute_ms=0).base()
+    ring = next(c for c in configurations(base, n) if c.variant.label == RING)
+    return ring.spec.plan(ring.config, *tensor_plan(base))["buckets"]
+
+
+def test_the_ring_beats_one_server_wherever_bandwidth_matters(shipped):
+    """Where the single server's bytes (N K / B) outweigh the ring's latencies (2(N-1) per
+    bucket), the ring wins; where they do not (1 ms at 100 Gbit/s), it need not."""
+    seen = 0
+    for (prof, lat, bw, n), cell in shipped.groupby(["profile", *CELL]):
+        k, b = float(cell["grad_bytes_logical"].dropna().iloc[0]), units.parse_bandwidth(bw)
+        if n * k / b > 2 * (n - 1) * _ring_buckets(prof, n) * units.parse_duration(lat):
+            seen += 1
+            assert _comm(cell, RING) < _comm(cell, ONE_SERVER), (prof, lat, bw, n)
+    assert seen > len(shipped.groupby(["profile", *CELL])) / 2
+
+
+def test_dedicated_partitioned_servers_beat_the_ring_by_at_most_the_byteps_bound(shipped):
+    for (prof, lat, bw, n), cell in shipped.groupby(["profile", *CELL]):
+        k, b = float(cell["grad_bytes_logical"].dropna().iloc[0]), units.parse_bandwidth(bw)
+        bound = byteps_optimal_comm_s(n, n, k, b)
+        assert bound <= _comm(cell, ALL_SERVERS) < _comm(cell, RING), (prof, lat, bw, n)
+
+
+def test_the_servers_gain_on_the_ring_as_latency_grows(shipped):
+    lats = sorted(shipped["latency"].unique(), key=units.parse_duration)
+    for (prof, bw, n), group in shipped.groupby(["profile", "bandwidth", "workers"]):
+        ratios = [_comm(group[group["latency"] == lat], ALL_SERVERS) / _comm(group[group["latency"] == lat], RING)
+                  for lat in lats]
+        assert ratios == sorted(ratios, reverse=True), (prof, bw, n, ratios)
+
+
+def test_the_servers_gain_on_the_ring_as_messages_shrink():
+    """One tensor (one bucket) of K bytes: as K shrinks against a B, the ring's 2(N-1) latencies
+    weigh more than the servers' 2, and the servers' share of the ring's time falls (servers
+    unpartitioned: with partitions of a fixed size the pipeline's fill, N/M partitions, moves
+    with K too)."""
+    n, a, b = 16, units.parse_duration("50us"), units.parse_bandwidth("10Gbit")
+    base = with_overrides(RunConfig(), workers=n, **{"workload.name": "synthetic"})
+    ratios = []
+    for mib in (256, 64, 16, 4, 1):
+        sizes = [mib * 2**20 // 4]
+        comm = {}
+        for c in configurations(base, n):
+            if c.variant.label in (RING, ALL_WHOLE):
+                comm[c.variant.label] = c.spec.predict(c.config, c.spec.plan(c.config, sizes, None), a, b).comm_s
+        ratios.append(comm[ALL_WHOLE] / comm[RING])
+    assert ratios == sorted(ratios, reverse=True), ratios
+
+
+def test_check_cells_are_nearest_and_farthest_from_a_crossover():
+    margins = [0.5, 0.01, 0.2, 0.9, 0.05, None, 0.3, 0.02]
+    cells = pd.DataFrame({"latency": "50us", "bandwidth": "10Gbit", "workers": range(len(margins)),
+                          "margin_other": margins})
+    k = 4
+    chosen = checks.select(cells, k, hostable=lambda c: c["workers"] != 1)  # the smallest margin cannot be hosted
+    known = sorted((m, i) for i, m in enumerate(margins) if m is not None and i != 1)
+    near = [i for _, i in known[:k - k // 4]]
+    far = [i for _, i in known[-(k // 4):]]
+    assert list(chosen["workers"]) == near + far
+    assert list(chosen["chosen"]) == ["near a crossover"] * len(near) + ["far from one"] * len(far)
+
+
+def _judged(summary, predicted=1.0, status="completed"):
+    cfg = with_overrides(RunConfig(), strategy=next(n for n, s in SPECS.items() if s.synchronous(RunConfig(strategy=n))))
+    return checks.judge(cfg, predicted, summary, status, None)
+
+
+def test_a_check_is_ok_within_tolerance_and_off_with_its_reason_beyond():
+    inside = 1 + checks.TOLERANCE / 2
+    ok = _judged({"step_time_p50_s": inside, "predicted_step_s": 1.0, "emulation_leak_frac": 0.0})
+    assert ok["verdict"] == "ok" and ok["ratio"] == pytest.approx(inside)
+    outside = 1 + 2 * checks.TOLERANCE
+    off = _judged({"step_time_p50_s": outside, "predicted_step_s": 1.0, "emulation_leak_frac": 0.0})
+    assert off["verdict"] == "off" and f"{outside:.2f}x" in off["reason"]
+    late = _judged({"step_time_p50_s": 1 - 2 * checks.TOLERANCE, "predicted_step_s": 1.0,
+                    "emulation_leak_frac": 2 * checks.LEAK_LIMIT})
+    assert late["verdict"] == "off" and "not faithful" in late["reason"]
+    assert checks.better_dilation(10.0, late) > 10.0
+    failed = _judged(None, status="failed")
+    assert failed["verdict"] == "off" and "failed" in failed["reason"]
+    other = _judged({"step_time_p50_s": 1.0, "predicted_step_s": 1.5, "emulation_leak_frac": 0.0})
+    assert other["verdict"] == "off" and "plans differ" in other["reason"]
+
+
+def test_sentences_group_worker_counts_with_one_winner():
+    cells = pd.DataFrame({"workers": [8, 16, 32], "winner": ["x", "x", "y"], "runner_up": ["y", "y", "x"],
+                          "margin_runner_up": [0.1, 0.2, 0.05], "tied": False, "other": ["y", "y", "x"],
+                          "margin_other": [0.1, 0.2, 0.05]})
+    text = report.sentence("10Gbit", "50us", cells)
+    assert "up to N = 16 **x** wins by 10-20%" in text and "at N = 32 **y** wins by 5%" in text
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--workload", "profile:nope"], "'profile:nope'"),
+    (["--workload", "mlp"], "'mlp'"),
+    (["--workers", ""], "--workers ''"),
+    (["--workers", "0,8"], "--workers 0"),
+    (["--workers", "8,,16"], "--workers '8,,16'"),
+    (["--bandwidth", "0Gbit"], "'0Gbit'"),
+    (["--bandwidth", "fast"], "'fast'"),
+    (["--latency", "soon"], "'soon'"),
+    (["--check-cells", "-1"], "--check-cells -1"),
+    (["--compute-ms", "-5"], "--compute-ms -5"),
+    (["--calibration", "/nonexistent.json"], "--calibration"),
+])
+def test_bad_input_exits_2_with_one_line_before_ray(tmp_path, args, needle):
+    argv = {"--workload": "profile:resnet50", "--workers": "8,16", "--bandwidth": "1Gbit,10Gbit"}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        argv[flag] = value
+    cmd = [sys.executable, "-m", "testbed.map", *[x for kv in argv.items() for x in kv], "--out", str(tmp_path / "m")]
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("testbed.map: error:") and needle in lines[0], out.stderr
+    assert time.monotonic() - t0 < FAST_S and not (tmp_path / "m").exists()
