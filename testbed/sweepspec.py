@@ -98,6 +98,11 @@ def load_spec(path: str | os.PathLike) -> Spec:
     name = data.get("name", p.stem)
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise ConfigError(f"{p}: name {name!r} must be a folder name of letters, digits, . _ -")
+    from testbed.config.validate import NAME_MAX
+
+    if len(name) > NAME_MAX:  # (letters, digits, . _ -: one byte each)
+        raise ConfigError(f"{p}: name {name[:24]}... is {len(name)} characters, longer than the {NAME_MAX} "
+                          "a folder name may have; give the spec a shorter name = \"...\"")
     repeats = data.get("repeats", 1)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= 1000:
         raise ConfigError(f"{p}: repeats {repeats!r} must be an integer in 1..1000, e.g. 3")

@@ -102,12 +102,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+LIST_EXAMPLES = {"--workers": "2,4,8", "--cuda-workers": "1,2", "--cpu-workers": "2,4,8",
+                 "--sizes": "4KB,64MB", "--paths": "channel,call", "--stages": "machine,tests",
+                 "--workloads": models.DEFAULT_WORKLOADS, "--cases": startup.DEFAULT_CASES}
+
+
 def _split(flag: str, text: str) -> list[str]:
     items = [x.strip() for x in text.split(",")]
     if not text.strip() or any(not x for x in items):
         raise ConfigError(f"{flag} {text!r}: give a comma-separated list without empty items, e.g. "
-                          f"{'2,4,8' if flag == '--workers' else '4KB,64MB'}")
+                          f"{LIST_EXAMPLES.get(flag, '4KB,64MB')}")
     return items
+
+
+VALUE_FLAGS = frozenset(LIST_EXAMPLES)  # lists whose first item may begin with '-' ("-4KiB")
+
+
+def _joined(argv: list[str]) -> list[str]:
+    """ARGV with `--sizes -4KiB` as `--sizes=-4KiB`: argparse takes a value that begins with '-'
+    for an option and answers 'expected one argument'; joined, the value reaches its own check
+    (a size must be positive) and is refused with that rule."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in VALUE_FLAGS and i + 1 < len(argv) and argv[i + 1].startswith("-") \
+                and argv[i + 1] not in ("-h", "--help") and not argv[i + 1].startswith("--"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -127,7 +152,7 @@ def parse_sizes(text: str) -> list[int]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """argv -> validated options (raises ConfigError with the one-line message)."""
-    ns = build_parser().parse_args(argv)
+    ns = build_parser().parse_args(None if argv is None else _joined(list(argv)))
     if ns.command is None:
         raise ConfigError(f"missing benchmark: use '{PROG} allreduce --workers 2,4 --sizes 4KB', "
                           f"'{PROG} network', '{PROG} models', '{PROG} startup' or '{PROG} gpu --out DIR'")

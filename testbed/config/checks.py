@@ -9,11 +9,18 @@ from typing import Any
 Check = Callable[[Any], "str | None"]
 
 
+def _above(high: float, fix: str) -> str:
+    """The fix for a value past the upper limit: the limit first (the fix alone may only say
+    'positive'), then the fix."""
+    return f"at most {high if isinstance(high, int) else format(high, 'g')}; {fix}"
+
+
 def integer(low: int, high: int | None, fix: str) -> Check:
     """An int (not a bool) in [low, high] (high None: no upper bound)."""
     def check(value: Any) -> str | None:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-        return None if ok and (high is None or value <= high) else fix
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            return fix
+        return None if high is None or value <= high else _above(high, fix)
     return check
 
 
@@ -22,9 +29,9 @@ def real(low: float, high: float | None, *, fix: str, low_ok: bool = True) -> Ch
     def check(value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return fix
-        if value < low or (value == low and not low_ok) or (high is not None and value > high):
+        if value < low or (value == low and not low_ok):
             return fix
-        return None
+        return None if high is None or value <= high else _above(high, fix)
     return check
 
 

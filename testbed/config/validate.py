@@ -160,6 +160,11 @@ def _validate_workload(cfg: RunConfig) -> None:
     if cfg.eval.target_acc is not None and not w.real_compute:
         fail("eval.target_acc", cfg.eval.target_acc, f"--workload {w.name} has no accuracy (it is a "
              "quadratic objective); use --target-loss")
+    targets = [f for f, v in (("--target-loss", cfg.eval.target_loss), ("--target-acc", cfg.eval.target_acc))
+               if v is not None]
+    if cfg.eval.every == 0 and targets:
+        fail("eval.every", 0, f"{' and '.join(targets)} is measured on held-out evaluations, which 0 "
+             "turns off; drop --eval-every 0 (or give K > 0), or drop the target")
 
 
 def _validate_data(cfg: RunConfig) -> None:
@@ -217,7 +222,39 @@ def _validate_workers_named(cfg: RunConfig, servers: int) -> None:
         raise ConfigError(str(exc)) from None
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits, where the file system does not say its own
+RUN_FOLDER_ROOM = 128  # what a run adds below --out: its run id, then its files' names
+
+
+def path_too_long(path: str, room: int = 0) -> str | None:
+    """Why PATH (plus `room` bytes that will be added below it) cannot be created on this file
+    system: a component longer than the file system's name limit, or the whole longer than its
+    path limit; None if it fits. Asked before anything is created, so no OSError 36 later."""
+    full = os.path.abspath(path)
+    probe = full
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    def limit(name: str, default: int) -> int:
+        try:
+            return int(os.pathconf(probe, name))
+        except (OSError, ValueError):
+            return default
+    name_max, path_max = limit("PC_NAME_MAX", NAME_MAX), limit("PC_PATH_MAX", PATH_MAX)
+    longest = max(full.split(os.sep), key=lambda c: len(os.fsencode(c)))
+    if len(os.fsencode(longest)) > name_max:
+        return (f"a folder name of {len(os.fsencode(longest))} bytes ({longest[:24]}...) is longer than the "
+                f"{name_max} this file system allows")
+    size = len(os.fsencode(full)) + room
+    if size > path_max:
+        return (f"the path is {len(os.fsencode(full))} bytes, and with the {room} a run adds below it longer "
+                f"than the {path_max} this system allows")
+    return None
+
+
 def _validate_out(out: str) -> None:
+    too_long = path_too_long(out, RUN_FOLDER_ROOM)
+    if too_long:
+        fail("out", out, f"{too_long}; pick a shorter --out")
     path = os.path.abspath(out)
     probe = path
     while not os.path.exists(probe):
