@@ -5,7 +5,8 @@ places a run's actors on what this starts).
 Embedded mode (no --address, no RAY_ADDRESS) starts a private local Ray with the dashboard off
 and token authentication left on. Ray 2.60 offers no loopback-only binding (it resolves
 127.0.0.1 to the node's address and its gRPC servers listen on every interface), so the token
-is what guards the local instance; we never turn it off. With --address (or RAY_ADDRESS) the same
+is what guards the local instance; we never turn it off. Its daemons run in a session of their
+own (`_daemons_in_own_session`): signals to this process's group are this process's to handle. With --address (or RAY_ADDRESS) the same
 code attaches to a running cluster and never makes this node listen anywhere.
 
 Attaching with an explicit address, Ray sends a token only when RAY_AUTH_MODE=token is set (it
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -128,6 +130,34 @@ def _keep_our_sigterm():
         ray_utils.set_sigterm_handler = original
 
 
+@contextmanager
+def _daemons_in_own_session():
+    """Start Ray's daemons (and so the workers their raylet starts) in a session of their own.
+    In this process's group they took every signal sent to the group (`kill -- -PGID`, a batch
+    scheduler, a closed terminal's SIGHUP): the raylet began its own shutdown, which lasts about
+    10 s, the GCS stayed up, and stopping Ray in order blocked on them meanwhile (measured: 11.2 s
+    to exit, the ring's semaphores left in /dev/shm). Out of the group, the signal reaches this
+    process alone, which stops Ray in order (about 2 s). A `kill -9` of this process still takes
+    the daemons with it (Ray's fate-sharing: they die with their parent)."""
+    from ray._private import services
+
+    original = getattr(services, "ConsolePopen", None)
+    if original is None or sys.platform == "win32":
+        yield
+        return
+
+    class OwnSession(original):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["start_new_session"] = True
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSession
+    try:
+        yield
+    finally:
+        services.ConsolePopen = original
+
+
 class RayMessages:
     """Where the messages Ray's raylet sends the driver go (a worker died, a node is short of
     memory, ...). Ray prints them on stdout, which belongs to testbed (`--quiet` prints only the
@@ -204,7 +234,8 @@ def start_ray(address: str | None, *, flag: str = "--address", num_cpus: int | N
     RayMessages.install()
     if address is None:
         _become_subreaper()
-        with _keep_our_sigterm():
+        release_orphaned_semaphores()
+        with _keep_our_sigterm(), _daemons_in_own_session():
             ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **common)
         return True
     check_reachable(address)
@@ -311,6 +342,50 @@ def release_semaphores(raylets: list[int]) -> None:
         for path in Path("/dev/shm").glob(f"sem.*{pid}-*"):
             if path.name.startswith((f"sem.hdr{pid}-", f"sem.obj{pid}-")):
                 path.unlink(missing_ok=True)
+
+
+SEMAPHORE = re.compile(r"sem\.(?:hdr|obj)(\d+)-\d+")  # a raylet's: its pid, then a number
+
+
+def release_orphaned_semaphores(shm: Path = Path("/dev/shm")) -> list[Path]:
+    """Remove the semaphores of raylets that are gone (a run killed with -9 left them): only
+    files this user owns, named after a pid that is no running raylet, and mapped by no running
+    process. Return what was removed."""
+    try:
+        ours = [p for p in shm.glob("sem.*") if SEMAPHORE.fullmatch(p.name) and p.stat().st_uid == os.getuid()]
+    except OSError:
+        return []
+    gone = [p for p in ours if not _is_raylet(int(SEMAPHORE.fullmatch(p.name).group(1)))]
+    if not gone:
+        return []
+    mapped = _mapped_shm()
+    removed = []
+    for path in gone:
+        if path.name not in mapped:
+            with suppress(OSError):
+                path.unlink()
+                removed.append(path)
+    return removed
+
+
+def _is_raylet(pid: int) -> bool:
+    try:
+        return _pid_alive(pid) and b"raylet" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _mapped_shm() -> set[str]:
+    """Names of the /dev/shm files some process has mapped (those it can read: its own)."""
+    names: set[str] = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with suppress(OSError):
+                for line in (proc / "maps").read_text(errors="replace").splitlines():
+                    at = line.find("/dev/shm/")
+                    if at >= 0:
+                        names.add(line[at + 9:].split(" ")[0])
+    return names
 
 
 def _pid_alive(pid: int) -> bool:
