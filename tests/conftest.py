@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 RAY_GROUPS = {
     "a": ("test_algorithms", "test_bench", "test_channels", "test_cli", "test_compression_strategies",
           "test_convergence", "test_emulation", "test_equivalence", "test_fidelity", "test_gossip",
-          "test_gpu", "test_hosting", "test_plumbing", "test_fault_reach",
+          "test_gpu", "test_hosting", "test_map", "test_plumbing", "test_fault_reach",
           "test_run_stderr"),
     "b": ("test_faults", "test_notebook", "test_pool", "test_ps",
           "test_regression", "test_reliability", "test_ring", "test_sweep"),

@@ -53,8 +53,7 @@ def _plan_checks(grid: Grid, rows: pd.DataFrame, cells: pd.DataFrame, out: Path)
     def hostable(cell: pd.Series) -> bool:
         if cell["bandwidth"] == CALIBRATED or cell["runner_up"] is None:
             return False  # the real network is this machine's; nothing to emulate
-        return all(checks.processes(config(cell, lab)[1]) <= checks.MAX_PROCESSES
-                   for lab in (cell["winner"], cell["runner_up"]))
+        return all(checks.hostable(config(cell, lab)[1]) for lab in (cell["winner"], cell["runner_up"]))
 
     chosen = checks.select(cells, grid.check_cells, hostable)
     todo = []

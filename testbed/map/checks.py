@@ -3,7 +3,7 @@
 Which cells. The map's answer is least certain where two families come close: a cell's
 `margin_other` (the best of another family over the winner) is 0 on a crossover line. The
 checked cells are the K - K//4 cells nearest a crossover (smallest margin_other) and the K//4
-farthest from one, among the cells whose runs this machine can host (`MAX_PROCESSES`). In each,
+farthest from one, among the cells whose runs this machine can host in reasonable time (`hostable`). In each,
 the winner and the runner-up run.
 
 How. Each run is the configuration's own validated config on the cell's emulated link, through
@@ -46,6 +46,18 @@ MAX_DILATION = 1000.0
 # Worker processes plus server actors one check may start: on 2 cores each costs about 0.5 s to
 # start and 90-100 MiB (docs/emulation.md, "Many workers on one box"); 24 start in about 12 s.
 MAX_PROCESSES = 24
+# Workers a checked cell may have. Beyond 16, every ring round costs 2 cores about N x 60 us of
+# Python for each of its 2(N-1) rounds, so the ring at N = 128 needed --dilation 284 here (8x the
+# model undilated, beside other load): minutes per check (docs/emulation.md, "Fidelity at scale").
+MAX_WORKERS = 16
+# The real seconds a retry may take (dilation x predicted step x STEPS); past it the check stays
+# off with the dilation it would have needed.
+MAX_RETRY_S = 60.0
+
+
+def hostable(cfg: RunConfig) -> bool:
+    """Whether this machine can run a check of cfg in reasonable time (MAX_PROCESSES, MAX_WORKERS)."""
+    return cfg.workers <= MAX_WORKERS and processes(cfg) <= MAX_PROCESSES
 
 
 def processes(cfg: RunConfig) -> int:
@@ -204,6 +216,9 @@ def _check(t: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         tries.append({"dilation": cfg.network.dilation, "run_dir": folder, **judged})
         better = better_dilation(cfg.network.dilation, judged) if judged["verdict"] == "off" else None
         if len(tries) > 1 or better is None or better <= cfg.network.dilation or better > MAX_DILATION:
+            break
+        if better * t["predicted_step_s"] * STEPS > MAX_RETRY_S:
+            tries[-1]["reason"] += f"; the run advises --dilation {better:g}, over {MAX_RETRY_S:g} s of checking"
             break
         cfg = check_config(t["cfg"], t["predicted_step_s"], t["k_bytes"], runs, dilation=better)
     last = tries[-1]
