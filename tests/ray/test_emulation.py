@@ -94,12 +94,14 @@ def test_fixed_straggler_bounds_every_synchronous_step(strategy):
 
 def test_async_fast_workers_keep_their_pace_next_to_a_straggler():
     """A 200 ms straggler beside two workers whose steps take 20 ms of compute plus their calls:
-    the fast ones are not held back. Checked within the one run, on scales the straggler sets
-    (a worker held back by it waits about its 200 ms per step; the fast steps take a few tens of
-    ms here, more on a busy machine): their median interval between steps and their calls stay
-    under half the straggler's delay, and they step at least twice as often as it does.
+    the fast ones are not held back. Checked within the one run, on the scale the straggler sets:
+    its own median interval between steps, its 200 ms plus the calls every step makes on this
+    machine now (a worker held back by it steps at that interval; the fast steps take a few tens
+    of ms here, more on a busy machine, and so does the straggler's). The fast workers' median
+    interval and their calls stay under half of it, and they step at least twice as often.
     (Comparing their rate with a run without the straggler compared two moments of this virtual
-    machine: it once failed at 0.84x with a tenth of the cores taken by the hypervisor.)"""
+    machine: it once failed at 0.84x with a tenth of the cores taken by the hypervisor; half the
+    delay alone as the scale failed at 0.124 s beside two CPU hogs and a benchmark.)"""
     delay = 0.2
     out = run_strategy(make_config(strategy="ps-async", workers=3, steps=60,
                                    straggler=f"fixed:worker=0,delay={int(delay * 1000)}ms",
@@ -107,11 +109,13 @@ def test_async_fast_workers_keep_their_pace_next_to_a_straggler():
                                       "workload.compute_ms": 20.0}))
     steps = out["steps"].sort_values("t_start")
     count = steps.groupby("worker").size()
+    slow = float(np.median(np.diff(steps[steps["worker"] == 0]["t_start"].to_numpy())))
+    assert slow >= delay
     fast = steps[steps["worker"] != 0]
     for worker, own in fast.groupby("worker"):
         interval = float(np.median(np.diff(own["t_start"].to_numpy())))
-        assert interval < delay / 2, (worker, interval)
-        assert own["comm_s"].median() < delay / 2, (worker, own["comm_s"].median())
+        assert interval < slow / 2, (worker, interval, slow)
+        assert own["comm_s"].median() < slow / 2, (worker, own["comm_s"].median(), slow)
         assert count[worker] >= 2 * count[0], count.to_dict()
 
 

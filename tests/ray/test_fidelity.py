@@ -20,7 +20,10 @@ def test_dilation_stretches_compute_and_network_and_reports_them_undilated():
     job = {"workload.grad_mb": 4.0, "workload.payload": "scaled:0.01", "workload.compute_ms": compute * 1e3,
            "ring.overlap": False, "ring.bucket_mb": 1.2}
     # this machine's own cost of the same buckets' allreduce, now: the run on the real network
-    own = sum(run_strategy(make_config(strategy="ring", workers=2, steps=4, **job))["summary"]["bucket_allreduce_s"])
+    real = run_strategy(make_config(strategy="ring", workers=2, steps=4, **job))
+    own = sum(real["summary"]["bucket_allreduce_s"])
+    # and its whole step beyond the compute: the allreduce and the per-step work around it
+    own_step = max(0.0, float(np.median(np.diff(np.sort(real["updates"]["t_applied"])))) - compute)
     for d in (4.0, 16.0):
         out = run_strategy(make_config(strategy="ring", workers=2, steps=4, **{
             **job, "network.bandwidth": "1Gbit", "network.latency": "50us", "network.dilation": d}))
@@ -44,9 +47,12 @@ def test_dilation_stretches_compute_and_network_and_reports_them_undilated():
     assert compute <= measured < compute * 1.25, measured
     # The step as a whole: besides compute and the buckets' allreduce it holds this machine's
     # per-step work (optimizer step, hand-offs, records), real time divided by D like the rest and
-    # not part of the model, so it is checked for the factor D (0.25x or 4x) only.
+    # not part of the model, so it is checked for the factor D (0.25x or 4x) only, above beside
+    # this machine's own step measured now, divided by D (beside two CPU hogs and a benchmark the
+    # step measured 1.69x the model at D = 4)
     intervals = np.diff(np.sort(out["updates"]["t_applied"]))
-    assert 0.7 < np.median(intervals) / s["predicted_step_s"] < 1.5, s
+    assert 0.7 * s["predicted_step_s"] < np.median(intervals) < 1.5 * s["predicted_step_s"] + own_step / d, (
+        own_step, s)
 
 
 @pytest.mark.slow
