@@ -12,7 +12,9 @@ code attaches to a running cluster and never makes this node listen anywhere.
 Attaching with an explicit address, Ray sends a token only when RAY_AUTH_MODE=token is set (it
 does not guess for an explicit address); so when a token is available -- RAY_AUTH_TOKEN,
 RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, as on every node of a cluster that has token
-authentication on -- and the mode is unset, `start_ray` sets it (`use_token_if_available`).
+authentication on -- and the mode is unset, `start_ray` sets it (`use_token_if_available`), unless
+the head answers a call without a token (started with authentication off): then the driver must
+not ask that head's workers for one either (`head_without_tokens`).
 A head that refuses the token refuses it on every try, and Ray tries 20 times a second apart
 before it says so; once the head has answered as a gRPC server (`check_reachable`), ATTACH_TRIES
 tries are enough (RAY_NUM_REDIS_GET_RETRIES, when set, is kept).
@@ -201,15 +203,45 @@ def token_available() -> bool:
     return os.path.isfile(path) and os.path.getsize(path) > 0
 
 
-def use_token_if_available() -> None:
-    """RAY_AUTH_MODE=token when it is unset and a token is available (see the module docstring);
-    a mode the user set is kept (`disabled` attaches to a cluster without authentication)."""
+def use_token_if_available(address: str | None = None) -> None:
+    """RAY_AUTH_MODE=token when it is unset and a token is available (see the module docstring),
+    unless the head at `address` asks for none: then `disabled`, since a driver in token mode
+    refuses the calls of that head's workers, which carry no token (its actors die before they
+    start). A mode the user set is kept."""
     if "RAY_AUTH_MODE" in os.environ or not token_available():
         return
-    os.environ["RAY_AUTH_MODE"] = "token"
+    _set_auth_mode("disabled" if address and head_without_tokens(address) else "token")
+
+
+def _set_auth_mode(mode: str) -> None:
+    os.environ["RAY_AUTH_MODE"] = mode
     from ray._raylet import Config
 
     Config.initialize("")  # Ray caches its config: read the mode again, as Ray does when it sets it
+
+
+def head_without_tokens(address: str) -> bool:
+    """True when the Ray head at `address` answers a call that carries no token (a head started
+    with authentication off); False when it refuses it, or when it cannot be asked ("auto")."""
+    if address == "auto":
+        return False
+    import ray
+    from ray._raylet import GcsClient
+
+    _set_auth_mode("disabled")
+    try:
+        with tempfile.TemporaryDirectory() as tmp, _stderr_to(os.path.join(tmp, "probe.log")):
+            GcsClient(address=address.split("://", 1)[-1]).internal_kv_get(b"probe", b"testbed", timeout=10)
+        return True
+    except ray.exceptions.AuthenticationError:
+        return False
+    except Exception:  # noqa: BLE001 - no answer either way: attach as before and let ray.init say
+        return False
+    finally:
+        del os.environ["RAY_AUTH_MODE"]
+        from ray._raylet import Config
+
+        Config.initialize("")
 
 
 def start_ray(address: str | None, *, flag: str = "--address", num_cpus: int | None = None) -> bool:
@@ -239,7 +271,7 @@ def start_ray(address: str | None, *, flag: str = "--address", num_cpus: int | N
             ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **common)
         return True
     check_reachable(address)
-    use_token_if_available()
+    use_token_if_available(address)
     _fewer_attach_tries()
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "ray-connect.log")
