@@ -53,11 +53,17 @@ class Variant:
     on top of the map's base config, the name the map shows, and whether its update is the
     synchronous minibatch step (`exact`: one step averages every worker's gradient of the same
     parameters, so step times compare as they are); stale or averaged-model updates are not, and
-    rank only once their samples to a target loss are known."""
+    rank only once their samples to a target loss are known. `kind` names the update rule it
+    shares with other variants that differ only in where the bytes go (the same samples to a
+    target): one measurement stands for all of a kind; by default each variant is its own.
+    `per_gradient`: each update applies one worker's gradient to the one shared model (the
+    asynchronous PS), which the map measures at lr / N, the synchronous step per sample."""
 
     overrides: Mapping[str, Any]
     label: str
     exact: bool = True
+    kind: str | None = None
+    per_gradient: bool = False
 
 
 class StrategySpec(ABC):

@@ -107,7 +107,8 @@ class PSSpec(StrategySpec):
                     for k, name in ks.items() for where in ("dedicated", "colocated") for part in (mb, 0.0)]
         bound = cfg.ps.staleness_bound if cfg.ps.staleness_bound is not None else 1
         return [Variant({"ps.servers": k, "ps.partition_mb": mb, "ps.staleness_bound": s},
-                        f"{self.name} k={name}" + ("" if s is None else f" SSP s={s}"), exact=False)
+                        f"{self.name} k={name}" + ("" if s is None else f" SSP s={s}"), exact=False,
+                        kind=self.name + ("" if s is None else f" SSP s={s}"), per_gradient=True)  # k: where bytes go
                 for k, name in ks.items() for s in (None, bound)]
 
     def predict(self, cfg: RunConfig, resolved: Mapping[str, Any], latency: float,
