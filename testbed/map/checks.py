@@ -3,8 +3,11 @@
 Which cells. The map's answer is least certain where two families come close: a cell's
 `margin_other` (the best of another family over the winner) is 0 on a crossover line. The
 checked cells are the K - K//4 cells nearest a crossover (smallest margin_other) and the K//4
-farthest from one, among the cells whose runs this machine can host in reasonable time (`hostable`). In each,
-the winner and the runner-up run.
+farthest from one, among the cells whose winner and runner-up this machine can host in
+reasonable time (`hostable`); those two run in each. When fewer than K cells qualify, the rest
+are filled by cells whose winner or runner-up cannot run here, each with the two best-ranked
+configurations that can (nearest a crossover first), so that K cells are checked where K can be;
+cells none of whose pairs can run (more than MAX_WORKERS workers) are counted with the reason.
 
 How. Each run is the configuration's own validated config on the cell's emulated link, through
 `testbed.session.execute` (the code path of `testbed.run`), for `STEPS` updates, with:
@@ -57,7 +60,16 @@ MAX_RETRY_S = 60.0
 
 def hostable(cfg: RunConfig) -> bool:
     """Whether this machine can run a check of cfg in reasonable time (MAX_PROCESSES, MAX_WORKERS)."""
-    return cfg.workers <= MAX_WORKERS and processes(cfg) <= MAX_PROCESSES
+    return why_not(cfg) is None
+
+
+def why_not(cfg: RunConfig) -> str | None:
+    """Why this machine cannot check cfg (MAX_WORKERS, MAX_PROCESSES), or None."""
+    if cfg.workers > MAX_WORKERS:
+        return f"{cfg.workers} workers (at most {MAX_WORKERS} here)"
+    if processes(cfg) > MAX_PROCESSES:
+        return f"{processes(cfg)} processes (at most {MAX_PROCESSES} here)"
+    return None
 
 
 def processes(cfg: RunConfig) -> int:
@@ -65,14 +77,34 @@ def processes(cfg: RunConfig) -> int:
     return -(-cfg.workers // (cfg.cluster.workers_per_process or 1)) + SPECS[cfg.strategy].servers(cfg)
 
 
-def select(cells: pd.DataFrame, k: int, hostable: Any) -> pd.DataFrame:
-    """K cells: K - K//4 nearest a crossover, K//4 farthest (see the module docstring);
-    `hostable(cell) -> bool` says whether this machine can run the cell's two runs."""
-    ok = cells[cells["margin_other"].notna()]
-    ok = ok[[bool(hostable(c)) for _, c in ok.iterrows()]].sort_values(["margin_other", "workers"], kind="stable")
-    near = ok.head(k - k // 4)
-    far = ok.drop(near.index).tail(k // 4)
-    return pd.concat([near.assign(chosen="near a crossover"), far.assign(chosen="far from one")])
+def select(cells: pd.DataFrame, k: int, pairs: Any) -> tuple[pd.DataFrame, dict[str, int]]:
+    """K cells to check, and {reason: cells} of those that cannot be. `pairs(cell)` gives the two
+    configurations to run and None (the winner and runner-up), or the two best this machine can
+    host and a note saying why not the first two (a fill), or a string: why none can run.
+
+    The K - K//4 cells nearest a crossover and the K//4 farthest from one are taken among those
+    whose winner and runner-up can run (see the module docstring); when fewer than K are, the
+    rest fills with fill cells, nearest a crossover first, so that K checks run where K can."""
+    top, fill, left = [], [], {}
+    for _, c in cells.iterrows():
+        got = pairs(c)
+        if isinstance(got, str):
+            left[got] = left.get(got, 0) + 1
+            continue
+        (labels, note) = got
+        if note is None and pd.isna(c["margin_other"]):
+            note = "no configuration of another family is ranked here"
+        (top if note is None else fill).append({**c.to_dict(), "runs": tuple(labels), "fill": note})
+    order = ["margin_other", "workers"]
+    top_df = pd.DataFrame(top, columns=[*cells.columns, "runs", "fill"]).sort_values(order, kind="stable", na_position="last")
+    near = top_df.head(k - k // 4)
+    far = top_df.drop(near.index).tail(k // 4)
+    parts = [near.assign(chosen="near a crossover"), far.assign(chosen="far from one")]
+    short = k - len(near) - len(far)
+    if short > 0 and fill:
+        more = pd.DataFrame(fill).sort_values(order, kind="stable", na_position="last").head(short)
+        parts.append(more.assign(chosen=["fill: " + n for n in more["fill"]]))
+    return pd.concat(parts, ignore_index=True), left
 
 
 def dilation_for(predicted_step_s: float) -> float:

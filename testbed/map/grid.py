@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed import units
-from testbed.config import MAX_WORKERS, ConfigError, RunConfig, WorkloadConfig
+from testbed.config import MAX_WORKERS, WORKLOADS, ConfigError, RunConfig, WorkloadConfig
 from testbed.config.calibration import load_calibration
 from testbed.workloads import profiles
 
@@ -27,6 +27,7 @@ class Grid:
     calibration: str | None = None
     check_cells: int = 0
     target_loss: float | None = None
+    accuracy_workload: str = "mlp"  # a real model the samples to target_loss are measured on
 
     def base(self) -> RunConfig:
         """The config every configuration starts from: the workload shaped as the profile."""
@@ -62,7 +63,7 @@ def parse_workers(text: str) -> tuple[int, ...]:
 
 def parse_grid(*, workload: str, workers: str, bandwidth: str, latency: str, compute_ms: float,
                node_size: int | None = None, calibration: str | None = None, check_cells: int = 0,
-               target_loss: float | None = None) -> Grid:
+               target_loss: float | None = None, accuracy_workload: str = "mlp") -> Grid:
     """The validated grid, or ConfigError naming the value and the fix."""
     if workload not in profiles.names():
         raise ConfigError(f"--workload {workload!r}: the map predicts from a model's tensor shapes; use one of "
@@ -93,5 +94,8 @@ def parse_grid(*, workload: str, workers: str, bandwidth: str, latency: str, com
         raise ConfigError(f"--check-cells {check_cells}: use a number of cells >= 0, e.g. 8")
     if target_loss is not None and not target_loss > 0:
         raise ConfigError(f"--target-loss {target_loss!r}: use a loss > 0, e.g. 0.5")
+    if accuracy_workload not in WORKLOADS:
+        raise ConfigError(f"--accuracy-workload {accuracy_workload!r}: samples to a loss are measured on a model "
+                          f"that trains; use one of {', '.join(WORKLOADS)}")
     return Grid(workload, parse_workers(workers), tuple(bws), tuple(lats), float(compute_ms), node_size,
-                calibration, int(check_cells), target_loss)
+                calibration, int(check_cells), None if target_loss is None else float(target_loss), accuracy_workload)

@@ -69,11 +69,24 @@ def sentence(bandwidth: str, latency: str, row: pd.DataFrame) -> str:
     return f"- At {bandwidth} ({latency}): " + "; ".join(parts) + "."
 
 
+def selection_text(selection: dict[str, Any]) -> str:
+    """How many cells were asked, how many are checked, and why any were left out."""
+    asked, chosen, left = selection["asked"], selection["chosen"], selection.get("left") or {}
+    text = f"{asked} cells asked (`--check-cells {asked}`), {chosen} checked."
+    if chosen < asked:
+        why = "; ".join(f"{n} cell{'s' if n != 1 else ''}: {reason}" for reason, n in left.items())
+        text += f" {asked - chosen} left out: no other cell can run here" + (f" ({why})." if why else ".")
+    return text
+
+
 def markdown(title: str, command: str, cells: pd.DataFrame, rows: pd.DataFrame, checks: pd.DataFrame,
-             ranked_by: str, notes: list[str]) -> str:
+             ranked_by: str, notes: list[str], selection: dict[str, Any] | None = None,
+             accuracy: list[str] | None = None) -> str:
     lines = [f"# {title}", "", "```", command, "```", "",
              f"Ranked by {ranked_by}. Margins: how much slower the runner-up, and the best configuration of "
              "another family, are than the winner (predicted).", ""]
+    if accuracy:
+        lines += ["## Time to accuracy", "", *accuracy]
     for latency, panel in cells.groupby("latency", sort=False):
         lines.append(f"## Latency {latency}" if latency != "calibrated" else "## The calibrated network")
         lines.append("")
@@ -83,11 +96,14 @@ def markdown(title: str, command: str, cells: pd.DataFrame, rows: pd.DataFrame, 
         lines.append("")
     lines += ["## Checks", ""]
     if checks.empty:
-        lines += ["No cell was run (`--check-cells 0`).", ""]
+        lines += [selection_text(selection) if selection and selection["asked"] else
+                  "No cell was run (`--check-cells 0`).", ""]
     else:
-        lines += ["Each checked cell's winner and runner-up ran as an emulated experiment (the code path of "
-                  "`testbed.run`): measured step beside predicted, the dilation it ran at, and the verdict "
-                  "(ok: faithful and within the tolerance).", "",
+        lines += [*([selection_text(selection), ""] if selection else []),
+                  "Each checked cell's winner and runner-up ran as an emulated experiment (the code path of "
+                  "`testbed.run`; in a fill cell, the two best configurations that can run here): measured step "
+                  "beside predicted, the dilation it ran at, and the verdict (ok: faithful and within the "
+                  "tolerance).", "",
                   "| latency | bandwidth | N | why chosen | configuration | predicted (s) | measured (s) | ratio | dilation | verdict |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for _, c in checks.iterrows():
@@ -106,3 +122,27 @@ def _bw_key(bw: str) -> float:
         return units.parse_bandwidth(bw)
     except ValueError:
         return float("inf")
+
+
+def answer_table(rows: pd.DataFrame, latency: str | None = None) -> str:
+    """The winner per cell as a markdown table, bandwidths down, worker counts across: each cell
+    the winner and its margin over the best of another family (from map.parquet's rows; the
+    first latency unless one is named)."""
+    cells = rows[rows["label"] == rows["winner"]].drop_duplicates(["latency", "bandwidth", "workers"])
+    latency = latency if latency is not None else cells["latency"].iloc[0]
+    cells = cells[cells["latency"] == latency]
+    ns = sorted(int(n) for n in cells["workers"].unique())
+    lines = [f"| bandwidth ({latency}) | " + " | ".join(f"N = {n}" for n in ns) + " |",
+             "|---|" + "---|" * len(ns)]
+    for bw in sorted(cells["bandwidth"].unique(), key=_bw_key):
+        at = {int(c["workers"]): c for _, c in cells[cells["bandwidth"] == bw].iterrows()}
+        out = []
+        for n in ns:
+            c = at.get(n)
+            if c is None:
+                out.append("")
+                continue
+            m = c["margin_other"]
+            out.append(f"{c['winner']}" + ("" if m is None or pd.isna(m) else f" (+{100 * m:.0f}% {c['other']})"))
+        lines.append(f"| {bw} | " + " | ".join(out) + " |")
+    return "\n".join(lines)

@@ -94,6 +94,7 @@ def _row(c: Configuration, plan: dict[str, Any] | None, n: int, latency: str, ba
     row: dict[str, Any] = {
         "latency": latency, "bandwidth": bandwidth, "workers": n, "label": c.variant.label,
         "strategy": c.spec.name, "family": c.spec.family, "exact": c.variant.exact,
+        "kind": c.variant.kind or c.variant.label, "per_gradient": c.variant.per_gradient,
         "overrides": json.dumps(dict(c.variant.overrides), sort_keys=True),
         "synchronous": None if c.config is None else c.spec.synchronous(c.config),
         "compute_s": None, "predicted_comm_s": None, "predicted_step_s": None, "formula": None, "note": c.refused,

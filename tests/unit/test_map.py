@@ -13,7 +13,7 @@ import pytest
 from testbed import units
 from testbed.analysis.psmodel import byteps_optimal_comm_s
 from testbed.config import RunConfig, with_overrides
-from testbed.map import checks, report
+from testbed.map import accuracy, checks, report
 from testbed.map.grid import parse_grid
 from testbed.map.rank import CELL, rank
 from testbed.map.table import configurations, predictions, tensor_plan
@@ -162,12 +162,14 @@ def test_check_cells_are_nearest_and_farthest_from_a_crossover():
     cells = pd.DataFrame({"latency": "50us", "bandwidth": "10Gbit", "workers": range(len(margins)),
                           "margin_other": margins})
     k = 4
-    chosen = checks.select(cells, k, hostable=lambda c: c["workers"] != 1)  # the smallest margin cannot be hosted
-    known = sorted((m, i) for i, m in enumerate(margins) if m is not None and i != 1)
+    hosted = {i for i, m in enumerate(margins) if m is not None and i != 1}  # the smallest margin cannot be hosted
+    chosen, left = checks.select(cells, k, _pairs_of(cells, hosted, set(), "cannot"))
+    known = sorted((margins[i], i) for i in hosted)
     near = [i for _, i in known[:k - k // 4]]
     far = [i for _, i in known[-(k // 4):]]
     assert list(chosen["workers"]) == near + far
     assert list(chosen["chosen"]) == ["near a crossover"] * len(near) + ["far from one"] * len(far)
+    assert left == {"cannot": len(margins) - len(hosted)}
 
 
 def _judged(summary, predicted=1.0, status="completed"):
@@ -224,3 +226,108 @@ def test_bad_input_exits_2_with_one_line_before_ray(tmp_path, args, needle):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("testbed.map: error:") and needle in lines[0], out.stderr
     assert time.monotonic() - t0 < FAST_S and not (tmp_path / "m").exists()
+
+
+def _pairs_of(cells, top, fill, why):
+    """pairs(cell) for checks.select from sets of worker counts: top -> the winner pair, fill ->
+    another pair with a note, anything else -> the reason."""
+    def pairs(c):
+        n = int(c["workers"])
+        if n in top:
+            return ("w", "r"), None
+        if n in fill:
+            return ("r", "t"), f"w needs more processes at N = {n}"
+        return why
+    return pairs
+
+
+def test_check_cells_fill_with_other_pairs_so_that_k_run_where_k_can():
+    margins = [0.5, 0.01, 0.2, 0.9, 0.05, 0.3, 0.02, 0.4]
+    cells = pd.DataFrame({"latency": "50us", "bandwidth": "10Gbit", "workers": range(len(margins)),
+                          "margin_other": margins})
+    top, fill = {0, 2, 3}, {1, 4}
+    why = "too many workers"
+    k = len(top) + len(fill)
+    chosen, left = checks.select(cells, k, _pairs_of(cells, top, fill, why))
+    assert len(chosen) == k and set(chosen["workers"]) == top | fill
+    assert left == {why: len(margins) - len(top) - len(fill)}
+    filled = chosen[chosen["chosen"].str.startswith("fill")]
+    assert set(filled["workers"]) == fill and all(r == ("r", "t") for r in filled["runs"])
+    assert all("needs more processes" in c for c in filled["chosen"])
+    # asked for fewer: the winner pairs come first, the fill only makes up a shortfall
+    few, _ = checks.select(cells, len(top), _pairs_of(cells, top, fill, why))
+    assert set(few["workers"]) == top and not few["chosen"].str.startswith("fill").any()
+    # asked for more than can run: every eligible cell, once
+    more, _ = checks.select(cells, len(margins) + 1, _pairs_of(cells, top, fill, why))
+    assert sorted(more["workers"]) == sorted(top | fill)
+
+
+def test_the_report_says_how_many_checks_were_asked_ran_and_why_others_did_not():
+    why = "more than 16 workers, too slow to run here"
+    asked, ran, cant = 8, 5, 12
+    text = report.selection_text({"asked": asked, "chosen": ran, "left": {why: cant}})
+    assert f"{asked} cells asked" in text and f"{ran} checked" in text
+    assert f"{asked - ran} left out" in text and f"{cant} cells: {why}" in text
+    full = report.selection_text({"asked": asked, "chosen": asked, "left": {why: cant}})
+    assert "left out" not in full
+
+
+def _stale_table(steps, exact, kinds):
+    return pd.DataFrame([dict(latency="50us", bandwidth="10Gbit", workers=8, label=f"c{i}", strategy=f"s{i}",
+                              family=f"f{i}", compute_s=min(steps), predicted_step_s=s, exact=e, kind=kd)
+                         for i, (s, e, kd) in enumerate(zip(steps, exact, kinds, strict=True))])
+
+
+def test_a_measured_factor_multiplies_the_step_of_its_kind_and_can_change_the_winner():
+    steps = [1.0, 0.6, 0.7, 0.8]  # the stale ones step faster than the synchronous one
+    exact, kinds = [True, False, False, False], ["sync", "a", "a", "b"]
+    preds = _stale_table(steps, exact, kinds)
+    slow, fast = steps[0] / steps[1] * 2, 1.0  # kind a: twice the sync's time to the target; b: as many samples
+    measured = {"a": {"factor": slow}, "b": {"factor": fast}}
+    scored = accuracy.apply(preds, measured)
+    for i, (s, kd) in enumerate(zip(steps, kinds, strict=True)):
+        want = s * (1.0 if exact[i] else measured[kd]["factor"])
+        assert scored.loc[i, "score_s"] == pytest.approx(want)
+    _, cells = rank(scored)
+    assert cells.iloc[0]["winner"] == "c3"  # kind b: as many samples, a faster step
+    # unmeasured (no --target-loss, or no factor): stale rows have no score and the sync one wins
+    _, plain = rank(accuracy.apply(preds, None))
+    assert plain.iloc[0]["winner"] == "c0" and plain.iloc[0]["runner_up"] is None
+    partial = accuracy.apply(preds, {"a": {"factor": None}, "b": {"factor": fast}})
+    assert partial.loc[[1, 2], "score_s"].isna().all() and partial.loc[3, "score_s"] == pytest.approx(steps[3])
+
+
+def test_factors_are_samples_over_the_reference_and_say_why_when_unknown():
+    ref, budget = 640, 2560
+    recs = {"reference": {"status": "completed", "samples_to_target": ref, "samples_budget": budget},
+            "a": {"status": "completed", "samples_to_target": 2 * ref, "samples_budget": budget},
+            "b": {"status": "completed", "samples_to_target": None, "samples_budget": budget},
+            "c": {"status": "failed", "error": "RuntimeError: x", "samples_to_target": None}}
+    f = accuracy.factors(recs)
+    assert f["a"]["factor"] == pytest.approx(2.0) and f["a"]["reason"] is None
+    assert f["b"]["factor"] is None and f"not reached within {budget} samples" in f["b"]["reason"]
+    assert f["c"]["factor"] is None and "failed" in f["c"]["reason"] and "RuntimeError" in f["c"]["reason"]
+    missed = accuracy.factors({**recs, "reference": {**recs["reference"], "samples_to_target": None}})
+    assert all(m["factor"] is None and "synchronous reference" in m["reason"] for m in missed.values())
+
+
+def test_the_report_says_what_the_ranking_used_and_each_factor_with_its_n():
+    plain = " ".join(accuracy.section(None, None, None, None))
+    assert "predicted step time" in plain and "not ranked" in plain
+    target, factor = 0.05, 1.25
+    measured = accuracy.factors({"reference": {"status": "completed", "samples_to_target": 400},
+                                 "ps kind": {"status": "completed", "samples_to_target": 400 * factor}})
+    text = "\n".join(accuracy.section(target, "mlp", measured, "ring x"))
+    assert f"held-out loss {target:g}" in text and "`mlp`" in text and "ring x" in text
+    row = next(line for line in text.splitlines() if line.startswith("| ps kind"))
+    assert f"| {accuracy.ACC_WORKERS} |" in row and f"{factor:.2f}" in row
+
+
+def test_every_stale_configuration_has_a_kind_and_the_kinds_are_few():
+    grid = parse_grid(workload="profile:resnet50", workers="8,64", bandwidth="10Gbit", latency="50us",
+                      compute_ms=100)
+    preds = predictions(grid)
+    stale = preds[~preds["exact"].astype(bool)]
+    found = accuracy.kinds(preds)
+    assert set(found["kind"]) == set(stale["kind"]) and found["kind"].is_unique
+    assert len(found) < stale["label"].nunique()  # variants that only move bytes elsewhere share one run
