@@ -10,7 +10,8 @@ configurations that can (nearest a crossover first), so that K cells are checked
 cells none of whose pairs can run (more than MAX_WORKERS workers) are counted with the reason.
 
 How. Each run is the configuration's own validated config on the cell's emulated link, through
-`testbed.session.execute` (the code path of `testbed.run`), for `STEPS` updates, with:
+`testbed.session.execute` (the code path of `testbed.run`), for `STEPS` worker iterations (STEPS
+updates of a synchronous step, STEPS x N of asynchronous ones, one worker's gradient each), with:
 
 - `--payload scaled:F`, F = PHYSICAL_BYTES / K: every byte count and emulated transfer uses the
   logical gradient, so the physical arrays only cost memory and copies;
@@ -42,7 +43,7 @@ from testbed.emulation.dilation import FIDELITY_TOLERANCE, LEAK_LIMIT
 from testbed.registry import SPECS
 
 TOLERANCE = 0.10  # measured step within 10% of the predicted step
-STEPS = 3  # updates per check run: the step time is their median interval
+STEPS = 3  # worker iterations per check run: the step time is their median (sync) or mean (async) interval
 PHYSICAL_BYTES = 2**20  # arrays that travel: 1 MiB (the fidelity sweeps' 100 MiB at scaled:0.01)
 REAL_STEP_S = 1.0  # a dilated step of about this many real seconds (see the module docstring)
 MAX_DILATION = 1000.0
@@ -107,6 +108,12 @@ def select(cells: pd.DataFrame, k: int, pairs: Any) -> tuple[pd.DataFrame, dict[
     return pd.concat(parts, ignore_index=True), left
 
 
+def per_step(cfg: RunConfig) -> int:
+    """Model updates per worker iteration of all workers: 1 for a synchronous step, N for
+    asynchronous updates (one worker's gradient each)."""
+    return 1 if SPECS[cfg.strategy].synchronous(cfg) else cfg.workers
+
+
 def dilation_for(predicted_step_s: float) -> float:
     return float(min(MAX_DILATION, max(1, math.ceil(REAL_STEP_S / predicted_step_s))))
 
@@ -115,7 +122,8 @@ def check_config(cfg: RunConfig, predicted_step_s: float, k_bytes: float, runs_d
                  dilation: float | None = None) -> RunConfig:
     """cfg as a check runs it: few steps, scaled payload, dilated, into runs_dir."""
     scale = min(1.0, PHYSICAL_BYTES / k_bytes)
-    return with_overrides(cfg, steps=STEPS, out=str(runs_dir), quiet=True,
+    steps = STEPS * per_step(cfg)  # STEPS worker iterations of every worker
+    return with_overrides(cfg, steps=steps, out=str(runs_dir), quiet=True,
                           **{"workload.payload": Payload(scale),
                              "network.dilation": dilation or dilation_for(predicted_step_s)})
 
@@ -146,10 +154,13 @@ def judge(cfg: RunConfig, predicted_step_s: float, summary: dict[str, Any] | Non
     if status != "completed" or not summary or summary.get("step_time_p50_s") is None:
         out["reason"] = f"the run ended {status}" + (f": {error}" if error else "")
         return out
-    # a synchronous update is one step of all N workers; an asynchronous one is one worker's
-    # gradient, and N of them arrive per worker iteration (the map's step)
-    per_step = 1 if SPECS[cfg.strategy].synchronous(cfg) else cfg.workers
-    measured = float(summary["step_time_p50_s"]) * per_step
+    # a synchronous update is one step of all N workers: its median interval is the step. An
+    # asynchronous one is one worker's gradient, N of them per worker iteration (the map's step),
+    # arriving in bursts whose median interval says little: their mean interval times N
+    if per_step(cfg) == 1:
+        measured = float(summary["step_time_p50_s"])
+    else:
+        measured = float(summary.get("step_time_mean_s") or summary["step_time_p50_s"]) * per_step(cfg)
     out.update(measured_step_s=measured, ratio=measured / predicted_step_s,
                leak=summary.get("emulation_leak_frac"), fidelity=summary.get("emulation_fidelity"))
     own = summary.get("predicted_step_s")

@@ -331,3 +331,38 @@ def test_every_stale_configuration_has_a_kind_and_the_kinds_are_few():
     found = accuracy.kinds(preds)
     assert set(found["kind"]) == set(stale["kind"]) and found["kind"].is_unique
     assert len(found) < stale["label"].nunique()  # variants that only move bytes elsewhere share one run
+
+
+def test_the_committed_notebook_shows_the_shipped_map_and_its_answer():
+    """notebooks/analysis.ipynb's last section, executed on the shipped map (docs/map.md): the
+    figure, and the winner table that answer_table makes of that folder's map.parquet."""
+    import importlib.util
+    from pathlib import Path
+
+    import nbformat
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("make_notebook", root / "notebooks" / "make_notebook.py")
+    mk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mk)
+    cells = {c.source: c for c in nbformat.read(root / "notebooks" / "analysis.ipynb", as_version=4).cells
+             if c.cell_type == "code"}
+    for code, _, mime in mk.MAP_FIGURES:
+        assert [o for o in cells[code].outputs if mime in o.get("data", {})], code
+    shown = "".join(o["data"].get("text/markdown", "") for c in cells.values() for o in c.outputs if "data" in o)
+    assert report.answer_table(pd.read_parquet(root / mk.MAP / "map.parquet")) in shown
+
+
+def test_an_asynchronous_check_runs_every_worker_and_measures_n_mean_intervals():
+    """An asynchronous update is one worker's gradient: a check runs STEPS iterations of every
+    worker (STEPS x N updates), and its step is N times the mean interval (bursts make the median
+    small), where a synchronous step is the median interval."""
+    n = 8
+    name = next(s for s, spec in SPECS.items() if not spec.synchronous(RunConfig(strategy=s, workers=n)))
+    cfg = with_overrides(RunConfig(), strategy=name, workers=n)
+    assert checks.check_config(cfg, 1.0, 2**30, checks.Path("/tmp")).steps == checks.STEPS * n
+    mean, p50 = 1.0 / n, 0.1 / n
+    judged = checks.judge(cfg, 1.0, {"step_time_p50_s": p50, "step_time_mean_s": mean}, "completed", None)
+    assert judged["measured_step_s"] == pytest.approx(mean * n) and judged["verdict"] == "ok"
+    sync = _judged({"step_time_p50_s": 1.0, "step_time_mean_s": 2.0, "predicted_step_s": 1.0})
+    assert sync["measured_step_s"] == pytest.approx(1.0)
