@@ -24,6 +24,7 @@ def build(grid: Grid, out: Path, quiet: bool, command: str) -> int:
     measured, ref_label = None, None
     if grid.target_loss is not None:
         measured, ref_label = _measure_accuracy(grid, preds, out, quiet)
+    sync_cells = rank.rank(accuracy.apply(preds, None))[1] if measured is not None else None
     preds = accuracy.apply(preds, measured)
     rows, cells = rank.rank(preds)
     chosen, left, todo = _plan_checks(grid, rows, cells, out)
@@ -38,7 +39,7 @@ def build(grid: Grid, out: Path, quiet: bool, command: str) -> int:
     selection = {"asked": grid.check_cells, "chosen": len(chosen), "left": left}
     acc = accuracy.section(grid.target_loss, grid.accuracy_workload, measured, ref_label) + _bounds(rows)
     (out / "map.md").write_text(report.markdown(title, command, cells, rows, checked, ranked_by, notes,
-                                                selection=selection, accuracy=acc))
+                                                selection=selection, accuracy=acc, sync_cells=sync_cells))
     figure.save(figure.draw(cells, checked, grid.workload), out)
     off = checked[checked["verdict"] != "ok"] if len(checked) else checked
     if not quiet:

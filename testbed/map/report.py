@@ -81,19 +81,18 @@ def selection_text(selection: dict[str, Any]) -> str:
 
 def markdown(title: str, command: str, cells: pd.DataFrame, rows: pd.DataFrame, checks: pd.DataFrame,
              ranked_by: str, notes: list[str], selection: dict[str, Any] | None = None,
-             accuracy: list[str] | None = None) -> str:
+             accuracy: list[str] | None = None, sync_cells: pd.DataFrame | None = None) -> str:
     lines = [f"# {title}", "", "```", command, "```", "",
              f"Ranked by {ranked_by}. Margins: how much slower the runner-up, and the best configuration of "
              "another family, are than the winner (predicted).", ""]
     if accuracy:
         lines += ["## Time to accuracy", "", *accuracy]
-    for latency, panel in cells.groupby("latency", sort=False):
-        lines.append(f"## Latency {latency}" if latency != "calibrated" else "## The calibrated network")
-        lines.append("")
-        order = sorted(panel["bandwidth"].unique(), key=_bw_key)
-        for bw in order:
-            lines.append(sentence(bw, latency, panel[panel["bandwidth"] == bw]))
-        lines.append("")
+    lines += _panels(cells, "")
+    if sync_cells is not None:
+        lines += ["## Synchronous steps alone", "",
+                  "The same cells ranked among the configurations whose update is the synchronous minibatch step "
+                  "(the ranking without `--target-loss`), where every prediction is the model's expected step:", ""]
+        lines += _panels(sync_cells, "#")
     lines += ["## Checks", ""]
     if checks.empty:
         lines += [selection_text(selection) if selection and selection["asked"] else
@@ -115,6 +114,17 @@ def markdown(title: str, command: str, cells: pd.DataFrame, rows: pd.DataFrame, 
         lines.append("")
     lines += ["## Not ranked", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
+
+
+def _panels(cells: pd.DataFrame, deeper: str) -> list[str]:
+    lines = []
+    for latency, panel in cells.groupby("latency", sort=False):
+        lines.append(f"##{deeper} Latency {latency}" if latency != "calibrated" else f"##{deeper} The calibrated network")
+        lines.append("")
+        for bw in sorted(panel["bandwidth"].unique(), key=_bw_key):
+            lines.append(sentence(bw, latency, panel[panel["bandwidth"] == bw]))
+        lines.append("")
+    return lines
 
 
 def _bw_key(bw: str) -> float:

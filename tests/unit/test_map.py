@@ -366,3 +366,15 @@ def test_an_asynchronous_check_runs_every_worker_and_measures_n_mean_intervals()
     assert judged["measured_step_s"] == pytest.approx(mean * n) and judged["verdict"] == "ok"
     sync = _judged({"step_time_p50_s": 1.0, "step_time_mean_s": 2.0, "predicted_step_s": 1.0})
     assert sync["measured_step_s"] == pytest.approx(1.0)
+
+
+def test_with_a_target_the_report_also_says_the_synchronous_answer():
+    cells = pd.DataFrame({"latency": "50us", "bandwidth": "10Gbit", "workers": [8], "winner": ["stale"],
+                          "runner_up": ["sync"], "margin_runner_up": [0.1], "tied": False, "other": [None],
+                          "margin_other": [None]})
+    sync = cells.assign(winner=["sync"], runner_up=[None], margin_runner_up=[None])
+    empty = pd.DataFrame(columns=["verdict"])
+    both = report.markdown("t", "cmd", cells, cells, empty, "x", [], sync_cells=sync)
+    alone = both[both.index("## Synchronous steps alone"):]
+    assert "**stale**" in both[:both.index("## Synchronous steps alone")] and "**sync**" in alone
+    assert "## Synchronous steps alone" not in report.markdown("t", "cmd", cells, cells, empty, "x", [])
