@@ -82,6 +82,7 @@ class Evaluator:
         self.error: str | None = None
         self.optimum: float | None = None  # the workload's best achievable held-out loss, where known
         self.pending = 0
+        self.done, self.longest_s = 0, 0.0  # evaluations scored, and the longest one's wall time
         self._lock = threading.Lock()
         self._proc: Any = None
         self._conn: Any = None
@@ -143,6 +144,9 @@ class Evaluator:
                                  eval_acc=None if result["acc"] is None else float(result["acc"]),
                                  eval_ms=(t1 - t0) * 1e3, t_done=t1)
                 self.recorder.evaluation(rec)
+                with self._lock:
+                    self.done += 1
+                    self.longest_s = max(self.longest_s, t1 - t0)
                 if self.on_result is not None:
                     self.on_result(rec)
             except Exception as exc:  # noqa: BLE001 - kept in the summary (`eval_error`), never swallowed
@@ -156,13 +160,22 @@ class Evaluator:
 
     # ---- the end
     def finish(self, timeout: float) -> None:
-        """Wait for the evaluations still queued (a completed run), at most `timeout` seconds."""
+        """Wait for the evaluations still queued (a completed run) while they progress: until
+        none has finished for `timeout` seconds or twice the longest one scored so far, whichever
+        is longer (the evaluator runs at nice 19, so a busy machine slows it down; its own pace
+        says when it has stopped, not a clock)."""
         if self.thread.is_alive():
             self.jobs.put(None)
-            self.thread.join(timeout)
+            while self.thread.is_alive():
+                done = self.done
+                window = max(timeout, 2 * self.longest_s)
+                self.thread.join(window)
+                if self.done == done:
+                    break
             if self.thread.is_alive() and self.error is None:
-                self.error = (f"{self.pending} evaluations were unfinished {timeout:g} s after training "
-                              "ended (--timeout); raise --eval-every or --timeout")
+                self.error = (f"{self.pending} evaluations were unfinished: none finished in {window:g} s "
+                              "after training ended (--timeout, or twice the longest evaluation); raise "
+                              "--eval-every or --timeout")
         self.stop()
 
     def stop(self) -> None:
