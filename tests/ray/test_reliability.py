@@ -213,10 +213,13 @@ def not_ray_case(root: Path) -> dict:
 
 def main_command_case(root: Path) -> dict:
     seen: set[int] = set()
+    t0 = time.monotonic()
     proc = start(["--strategy", "ring", "--workers", "3", "--steps", "3", "--workload", "synthetic",
                   "--fail", "worker=1,at=1", "--timeline"], root)
     code, out, err = finish(proc, timeout=120, seen=seen)
-    leftovers(seen)
+    # a process of the run that is still ending holds its semaphores until it has: give them as
+    # long as the command took (its own measure of this machine's pace now), at least 10 s
+    leftovers(seen, grace=max(10.0, time.monotonic() - t0))
     sems = [p.name for pid in seen for p in Path("/dev/shm").glob(f"sem.*{pid}-*")]
     return {"code": code, "out": out, "err": err, "sems": sems}
 
