@@ -214,6 +214,8 @@ def test_sentences_group_worker_counts_with_one_winner():
     (["--check-cells", "-1"], "--check-cells -1"),
     (["--compute-ms", "-5"], "--compute-ms -5"),
     (["--calibration", "/nonexistent.json"], "--calibration"),
+    (["--target-loss", "0"], "--target-loss 0"),
+    (["--accuracy-workload", "profile:resnet50"], "--accuracy-workload 'profile:resnet50'"),
 ])
 def test_bad_input_exits_2_with_one_line_before_ray(tmp_path, args, needle):
     argv = {"--workload": "profile:resnet50", "--workers": "8,16", "--bandwidth": "1Gbit,10Gbit"}
