@@ -46,11 +46,14 @@ class RingAllreduce(Strategy):
                                   max_restarts=cfg.faults.max_restarts)
         t = cfg.cluster.timeout_s
         self.liveness = remote.Liveness(self.peers, t, "ring worker")
-        params = remote.get(self.peers[0].get_params.remote(), t, "initial parameters")
-        remote.broadcast(self.peers, params, t)
+        # the first calls to freshly started peers, and torch.distributed's rendezvous of them all,
+        # wait for their start-up (the restart allowance), not --timeout
+        params = remote.get(self.peers[0].get_params.remote(), remote.startup_timeout(t), "initial parameters")
+        remote.broadcast(self.peers, params, remote.startup_timeout(t))
         if self.library or cfg.ring.transport == "torch":
             host, port = remote.get(self.peers[0].rendezvous.remote(), t, "rendezvous")
-            remote.get([p.connect_torch.remote(host, port) for p in self.peers], t, "torch.distributed init")
+            remote.get([p.connect_torch.remote(host, port) for p in self.peers], remote.startup_timeout(t),
+                       "torch.distributed init")
         if not self.library:
             if cfg.ring.transport == "torch":
                 remote.get([p.connect_torch_transport.remote() for p in self.peers], t, "transport")

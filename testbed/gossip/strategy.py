@@ -201,10 +201,24 @@ class _Driver:
             w, it, t_issue = inflight.pop(ready[0])
             try:
                 info = remote.get(ready[0], self.timeout, f"gossip worker {w} step {it}")
-            except ray.exceptions.RayActorError as exc:  # the process is gone (not an error it raised)
-                raise WorkerLost(w, it, t_issue, type(exc).__name__) from None
+            except ray.exceptions.RayActorError as exc:  # a process is gone (not an error it raised)
+                dead = self._dead(exc, w)
+                if dead != w:  # a neighbour's step failed first: the dead one's step is still in flight
+                    it, t_issue = next(((i, t) for v, i, t in inflight.values() if v == dead), (it, t_issue))
+                raise WorkerLost(dead, it, t_issue, type(exc).__name__) from None
             issue(w)
             yield w, it, info, t_issue
+
+
+    def _dead(self, exc: BaseException, w: int) -> int:
+        """The worker whose process died: worker w's own, or the neighbour w's step called (the
+        error w raised then carries that actor's death as its cause)."""
+        ids = {p._actor_id.hex(): r for r, p in enumerate(self.peers)}
+        for err in (getattr(exc, "cause", None), exc):
+            actor = getattr(err, "actor_id", None)
+            if isinstance(actor, str) and actor in ids:
+                return ids[actor]
+        return w
 
 
 class _UpdateLoss:

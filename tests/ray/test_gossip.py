@@ -94,3 +94,23 @@ def test_one_async_worker_is_sequential_sgd():
     out = run_strategy(cfg)
     np.testing.assert_allclose(out["flat"], reference_training(cfg), rtol=1e-5, atol=1e-6)
     assert (out["steps"]["bytes_sent"] == 0).all()
+
+
+def test_the_dead_worker_is_named_whether_its_own_step_or_a_neighbours_failed_first():
+    """A neighbour's step that called the dead worker fails with that death as its cause: the run
+    must name the dead worker, not the neighbour whose error arrived first."""
+    import ray
+
+    from testbed.gossip.strategy import _Driver
+
+    class Peer:
+        def __init__(self, actor: str) -> None:
+            self._actor_id = type("ActorID", (), {"hex": lambda _self: actor})()
+
+    driver = _Driver([Peer("a0"), Peer("a1"), Peer("a2")], "sync_step", 1, 3, 1.0)
+    own = ray.exceptions.RayActorError(actor_id="a1")
+    via_neighbour = ray.exceptions.RayTaskError("sync_step", "", own).as_instanceof_cause()
+    assert isinstance(via_neighbour, ray.exceptions.RayActorError)
+    assert driver._dead(own, 1) == 1
+    assert driver._dead(via_neighbour, 0) == 1  # worker 0's step failed calling worker 1
+    assert driver._dead(ray.exceptions.RayActorError(actor_id="elsewhere"), 2) == 2
