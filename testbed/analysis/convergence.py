@@ -117,7 +117,10 @@ def time_to_target_table(table: pd.DataFrame) -> str:
     for workload, column, group in settings(rows):
         name = f"{workload}, {column}"
         labels = variant_labels(group)
-        order = group.assign(_t=group["time_to_target_s"].fillna(np.inf)).sort_values("_t", kind="stable")
+        # as numbers first: a column of only "not reached" (None) is an object column, whose
+        # fillna pandas 2.2 warns about on stderr
+        reached = pd.to_numeric(group["time_to_target_s"], errors="coerce")
+        order = group.assign(_t=reached.fillna(np.inf)).sort_values("_t", kind="stable")
         for i in order.index:
             r = group.loc[i]
             acc = r.get("eval_acc_last")

@@ -82,6 +82,7 @@ Contention from the other N-1 workers can only add to this, so it is a lower bou
 from __future__ import annotations
 
 import math
+import numbers
 
 __all__ = [
     "gossip_comm_s",
@@ -99,11 +100,12 @@ __all__ = [
 ]
 
 def _count(name: str, value: int, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    # any integer, numpy's too (a count read back from a table), but not a bool
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(
             f"{name} {value!r}: must be an integer >= {minimum}; e.g. {max(minimum, 4)}"
         )
-    return value
+    return int(value)
 
 
 def _link(k: float, a: float, b: float) -> None:

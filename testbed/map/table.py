@@ -48,6 +48,7 @@ def tensor_plan(base: RunConfig) -> tuple[list[int], list[float] | None]:
 
 def configurations(base: RunConfig, n: int, node_size: int | None = None) -> list[Configuration]:
     """Every registered strategy's variants at N workers, each validated as a run would be."""
+    n = int(n)  # a count read back from a table may be numpy's integer, which the config refuses
     out = []
     for name, spec in SPECS.items():
         own = with_overrides(base, strategy=name, workers=n)

@@ -267,7 +267,7 @@ def start_ray(address: str | None, *, flag: str = "--address", num_cpus: int | N
     if address is None:
         _become_subreaper()
         release_orphaned_semaphores()
-        with _keep_our_sigterm(), _daemons_in_own_session():
+        with _keep_our_sigterm(), _daemons_in_own_session(), _quiet_ray_tips():
             ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **common)
         return True
     check_reachable(address)
@@ -276,7 +276,7 @@ def start_ray(address: str | None, *, flag: str = "--address", num_cpus: int | N
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "ray-connect.log")
         try:
-            with _stderr_to(log), _keep_our_sigterm():
+            with _stderr_to(log), _keep_our_sigterm(), _quiet_ray_tips():
                 ray.init(address=address, **common)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             said = Path(log).read_text(errors="replace")
@@ -288,6 +288,18 @@ def start_ray(address: str | None, *, flag: str = "--address", num_cpus: int | N
             raise ConfigError(f"{flag} {address!r}: cannot reach Ray there ({first[:160]}); start a "
                               "head with 'ray start --head' or drop the address") from None
     return True
+
+
+@contextmanager
+def _quiet_ray_tips():
+    """Ray's FutureWarnings from ray.init about its own later releases (Ray 2.54 tells every
+    driver that it will stop setting CUDA_VISIBLE_DEVICES for actors without GPUs) are not the
+    run's to print: a run's stderr holds testbed's lines alone."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray(\.|$)")
+        yield
 
 
 RAY_PROCESS = ("raylet", "gcs_server", "default_worker.py", "ray::", "dashboard", "runtime_env",
