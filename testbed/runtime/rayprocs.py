@@ -292,7 +292,7 @@ def start_ray(address: str | None, *, flag: str = "--address", num_cpus: int | N
 
 @contextmanager
 def _quiet_ray_tips():
-    """Ray's FutureWarnings from ray.init about its own later releases (Ray 2.54 tells every
+    """Ray's FutureWarnings from ray.init about its own later releases (Ray 2.54 told every
     driver that it will stop setting CUDA_VISIBLE_DEVICES for actors without GPUs) are not the
     run's to print: a run's stderr holds testbed's lines alone."""
     import warnings
