@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -136,44 +135,19 @@ def run(todo: dict[str, RunConfig], out_dir: Path, quiet: bool) -> dict[str, dic
 
 def _run_pending(pending: list[str], todo: dict[str, RunConfig], keys: dict[str, str],
                  done: dict[str, dict[str, Any]], path: Path, quiet: bool) -> None:
-    from testbed.interrupts import INTERRUPTS
-    from testbed.runtime.rayprocs import start_ray, stop_ray
+    checks.run_logged([(keys[name], name, lambda name=name: _measure(name, todo[name], keys[name]))
+                       for name in pending], done, path, total=len(todo), desc="accuracy", quiet=quiet)
 
-    bar = None
-    if not quiet:
-        from tqdm import tqdm
 
-        bar = tqdm(total=len(todo), initial=len(todo) - len(pending), desc="accuracy", unit="run", dynamic_ncols=True)
-    started = False
-    with INTERRUPTS as interrupts:
-        try:
-            with interrupts.deferred():
-                started = start_ray(None, flag="cluster.address")
-            for name in pending:
-                if bar is not None:
-                    bar.set_postfix_str(name, refresh=True)
-                cfg = todo[name]
-                status, summary, error, folder = checks.run_one(cfg)
-                summary = summary or {}
-                n_batch = cfg.workload.batch_size * (cfg.workers if SPECS[cfg.strategy].synchronous(cfg) else 1)
-                rec = {"key": keys[name], "kind": name, "strategy": cfg.strategy, "workers": cfg.workers,
-                       "workload": cfg.workload.name, "status": status, "error": error, "run_dir": folder,
-                       "samples_to_target": summary.get("samples_to_target"),
-                       "samples_budget": cfg.steps * n_batch, "eval_loss_last": summary.get("eval_loss_last")}
-                done[keys[name]] = rec
-                with open(path, "a") as fh:
-                    fh.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
-                if bar is not None:
-                    bar.update(1)
-        except KeyboardInterrupt:
-            print("testbed.map: interrupted; finished runs are in accuracy.jsonl: run again to go on", file=sys.stderr)
-            raise
-        finally:
-            with interrupts.shielded():
-                if bar is not None:
-                    bar.close()
-                if started:
-                    stop_ray()
+def _measure(name: str, cfg: RunConfig, key: str) -> dict[str, Any]:
+    """One measuring run of a kind: its samples to the target, within the samples it had."""
+    status, summary, error, folder = checks.run_one(cfg)
+    summary = summary or {}
+    n_batch = cfg.workload.batch_size * (cfg.workers if SPECS[cfg.strategy].synchronous(cfg) else 1)
+    return {"key": key, "kind": name, "strategy": cfg.strategy, "workers": cfg.workers,
+            "workload": cfg.workload.name, "status": status, "error": error, "run_dir": folder,
+            "samples_to_target": summary.get("samples_to_target"),
+            "samples_budget": cfg.steps * n_batch, "eval_loss_last": summary.get("eval_loss_last")}
 
 
 def section(target_loss: float | None, workload: str | None, measured: dict[str, dict[str, Any]] | None,

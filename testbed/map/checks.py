@@ -213,8 +213,18 @@ def run_checks(todo: list[dict[str, Any]], out_dir: Path, quiet: bool) -> dict[s
     path = out_dir / "checks.jsonl"
     records = read_records(path)
     pending = [t for t in todo if t["key"] not in records]
-    if not pending:
-        return records
+    run_logged([(t["key"], f"{t['label']} N={t['workers']} {t['bandwidth']}", lambda t=t: _check(t, out_dir))
+                for t in pending], records, path, total=len(todo), desc="checks", quiet=quiet)
+    return records
+
+
+def run_logged(jobs: list[tuple[str, str, Any]], records: dict[str, dict[str, Any]], path: Path, *,
+               total: int, desc: str, quiet: bool) -> None:
+    """Run each (key, label, job) in one Ray, appending its record to `path` (JSON lines) and to
+    `records` as it ends, so a rerun reuses what finished; a progress bar unless quiet. A signal
+    ends it with what finished kept (the next run goes on from there)."""
+    if not jobs:
+        return
     from testbed.interrupts import INTERRUPTS
     from testbed.runtime.rayprocs import start_ray, stop_ray
 
@@ -222,23 +232,22 @@ def run_checks(todo: list[dict[str, Any]], out_dir: Path, quiet: bool) -> dict[s
     if not quiet:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(todo), initial=len(todo) - len(pending), desc="checks", unit="run", dynamic_ncols=True)
+        bar = tqdm(total=total, initial=total - len(jobs), desc=desc, unit="run", dynamic_ncols=True)
     started = False
     with INTERRUPTS as interrupts:
         try:
             with interrupts.deferred():
                 started = start_ray(None, flag="cluster.address")
-            for t in pending:
+            for key, label, job in jobs:
                 if bar is not None:
-                    bar.set_postfix_str(f"{t['label']} N={t['workers']} {t['bandwidth']}", refresh=True)
-                rec = _check(t, out_dir)
-                records[t["key"]] = rec
+                    bar.set_postfix_str(label, refresh=True)
+                records[key] = rec = job()
                 with open(path, "a") as fh:
                     fh.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
                 if bar is not None:
                     bar.update(1)
         except KeyboardInterrupt:
-            print("testbed.map: interrupted; finished checks are in checks.jsonl: run again to go on", file=sys.stderr)
+            print(f"testbed.map: interrupted; finished runs are in {path.name}: run again to go on", file=sys.stderr)
             raise
         finally:
             with interrupts.shielded():
@@ -246,7 +255,6 @@ def run_checks(todo: list[dict[str, Any]], out_dir: Path, quiet: bool) -> dict[s
                     bar.close()
                 if started:
                     stop_ray()
-    return records
 
 
 def _check(t: dict[str, Any], out_dir: Path) -> dict[str, Any]:
