@@ -50,9 +50,9 @@ MAX_DILATION = 1000.0
 # Worker processes plus server actors one check may start: on 2 cores each costs about 0.5 s to
 # start and 90-100 MiB (docs/emulation.md, "Many workers on one box"); 24 start in about 12 s.
 MAX_PROCESSES = 24
-# Workers a checked cell may have. Beyond 16, every ring round costs 2 cores about N x 60 us of
-# Python for each of its 2(N-1) rounds, so the ring at N = 128 needed --dilation 284 here (8x the
-# model undilated, beside other load): minutes per check (docs/emulation.md, "Fidelity at scale").
+# Workers a checked cell may have. Beyond 16, every ring round costs this machine's cores Python
+# time per peer for each of its 2(N-1) rounds, so a faithful check needs a dilation that takes
+# minutes per check (docs/emulation.md, "Fidelity at scale").
 MAX_WORKERS = 16
 # The real seconds a retry may take (dilation x predicted step x STEPS); past it the check stays
 # off with the dilation it would have needed.

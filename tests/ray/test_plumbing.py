@@ -59,7 +59,7 @@ def test_compressed_runs_get_a_prediction_that_fits(strategy, compression):
     assert "prediction_missing" not in s and "P" in s["formula"]
     # 20% of the model either way; above it also the share this run measured arriving after its
     # emulated delivery, and this machine's own cost of the same messages now (the same run on the
-    # real network): beside two CPU hogs ps-sync measured 0.336 s against a model of 0.269 s
+    # real network)
     real = {k: v for k, v in NET.items() if not k.startswith("network.")}
     own = run_strategy(make_config(strategy=strategy, workers=4, steps=4, compression=compression,
                                    **real))["summary"]["comm_s_per_step"]
