@@ -49,6 +49,11 @@ pays network prices. The emulator gives every worker the same NIC, so it charges
 Every algorithm moves 2(N-1)K bytes in total per allreduce (N = power of two for
 halving-doubling); they differ in how many rounds pay latency and in how evenly the bytes
 spread over the NICs.
+
+`ALGORITHMS` is the one table of them: per name its schedule, its cost (the formulas live in
+`testbed.analysis.costmodel`), the formula text a prediction shows, and what the rest of the
+testbed asks of it (which message path it takes, whether it needs node groups). Adding an
+algorithm is one entry there.
 """
 
 from __future__ import annotations
@@ -59,9 +64,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from testbed.allreduce.ring import allgather_schedule, chunk_bounds, scatter_reduce_schedule
+from testbed.analysis import costmodel
 
 __all__ = [
     "ALGORITHMS",
+    "Algorithm",
     "Round",
     "Transfer",
     "bytes_moved",
@@ -69,6 +76,7 @@ __all__ = [
     "groups_of_size",
     "halving_doubling_schedule",
     "hierarchical_schedule",
+    "lookup",
     "reference_allreduce",
     "ring_rounds",
     "schedule",
@@ -77,9 +85,6 @@ __all__ = [
     "tree_reduce_rounds",
     "tree_schedule",
 ]
-
-ALGORITHMS = ("ring", "halving-doubling", "tree", "hierarchical")
-
 
 @dataclass(frozen=True)
 class Transfer:
@@ -220,21 +225,76 @@ def hierarchical_schedule(rank: int, groups: Sequence[Sequence[int]], length: in
             + _pad(tree_broadcast_rounds(mine, rank, length), depth))
 
 
+# ---------------------------------------------------------------- the table
+
+Schedule = Callable[[int, int, int, Sequence[Sequence[int]] | None], list[Round]]
+Cost = Callable[[int, float, float, float, int, int | None, int | None], float]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One allreduce algorithm: everything the testbed needs to know of it."""
+
+    name: str
+    schedule: Schedule  # (rank, n, length, groups) -> that rank's rounds
+    cost: Cost  # (n, K, a, B, buckets, node_size, nodes) -> seconds per allreduce, alpha-beta
+    formula: str  # the cost as a prediction shows it; "(a + " becomes "(b*a + " with b buckets
+    # over the object store: "channel" (shared-memory channel to the right neighbour, the
+    # ring's own exchange) or "call" (an actor call to any peer, `collectives.run_schedule`)
+    message_path: str
+    # moved by the ring's neighbour exchange (`collectives.ring_allreduce`); top-k compression
+    # gathers its sparse pieces over that exchange, so only these algorithms allow it
+    neighbour_exchange: bool = False
+    needs_groups: bool = False  # the schedule takes node groups (--node-size or Ray nodes)
+
+
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
+    Algorithm(
+        "ring",
+        schedule=lambda rank, n, length, groups: ring_rounds(range(n), rank, length),
+        cost=lambda n, k, a, b, buckets, node_size, nodes: costmodel.ring_comm_s(n, k, a, b, buckets=buckets),
+        formula="2*(N-1)*(a + K/(N*B))",
+        message_path="channel", neighbour_exchange=True),
+    Algorithm(
+        "halving-doubling",
+        schedule=lambda rank, n, length, groups: halving_doubling_schedule(rank, n, length),
+        cost=lambda n, k, a, b, buckets, node_size, nodes: costmodel.halving_doubling_folded_comm_s(
+            n, k, a, b, buckets=buckets),
+        formula="2*log2(p)*a + 2*(p-1)/p*K/B [+ 2*(a + K/B) if N > p = 2^floor(log2 N)]",
+        message_path="call"),
+    Algorithm(
+        "tree",
+        schedule=lambda rank, n, length, groups: tree_schedule(rank, n, length),
+        cost=lambda n, k, a, b, buckets, node_size, nodes: costmodel.tree_comm_s(n, k, a, b, buckets=buckets),
+        formula="2*ceil(log2(N))*(a + K/B)",
+        message_path="call"),
+    Algorithm(
+        "hierarchical",
+        schedule=lambda rank, n, length, groups: hierarchical_schedule(rank, groups, length),
+        cost=lambda n, k, a, b, buckets, node_size, nodes: costmodel.hierarchical_comm_s(
+            n, k, a, b, node_size, buckets=buckets, nodes=nodes),
+        formula="2*ceil(log2(g))*(a + K/B) + 2*(M-1)*(a + K/(M*B))",
+        message_path="call", needs_groups=True),
+)}
+
+
+def lookup(algorithm: str) -> Algorithm:
+    """The table's entry for `algorithm`; ValueError naming the choices if there is none."""
+    try:
+        return ALGORITHMS[algorithm]
+    except KeyError:
+        raise ValueError(f"algorithm {algorithm!r}: unknown; use one of {', '.join(ALGORITHMS)}") from None
+
+
 def schedule(algorithm: str, rank: int, n: int, length: int,
              groups: Sequence[Sequence[int]] | None = None) -> list[Round]:
-    """One rank's rounds for `algorithm` (hierarchical needs `groups`, a partition of 0..n-1)."""
+    """One rank's rounds for `algorithm` (one that needs groups takes `groups`, a partition of 0..n-1)."""
     if not 0 <= rank < n:
         raise ValueError(f"rank {rank}: must be in [0, {n}); n is the number of workers")
-    if algorithm == "ring":
-        return ring_rounds(range(n), rank, length)
-    if algorithm == "halving-doubling":
-        return halving_doubling_schedule(rank, n, length)
-    if algorithm == "tree":
-        return tree_schedule(rank, n, length)
-    if algorithm == "hierarchical":
+    entry = lookup(algorithm)
+    if entry.needs_groups:
         _check_groups(groups, n)
-        return hierarchical_schedule(rank, groups, length)
-    raise ValueError(f"algorithm {algorithm!r}: unknown; use one of {', '.join(ALGORITHMS)}")
+    return entry.schedule(rank, n, length, groups)
 
 
 # ---------------------------------------------------------------- node groups

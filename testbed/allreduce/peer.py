@@ -5,8 +5,9 @@ The schedules (which piece goes where in which round) are `ring.py`'s and `algor
 and runs one training step. The driver starts a step and collects timings, but never relays
 a chunk.
 
-Per bucket (`--algorithm`): ring -> `ring_allreduce` over `exchange` (right neighbour only);
-halving-doubling / tree / hierarchical -> `run_schedule` over `send_to`/`recv_from` (any peer).
+Per bucket (`--algorithm`, an entry of `algorithms.ALGORITHMS`): one with the ring's neighbour
+exchange -> `ring_allreduce` over `exchange` (right neighbour only); the any-pair ones ->
+`run_schedule` over `send_to`/`recv_from` (any peer).
 `--compression fp16` sends every piece as float16 (sums stay float32); `--compression topk:F`
 compresses each bucket once (error feedback, one `Compressor` per bucket) and gathers all
 ranks' sparse pieces around the ring (`sparse_ring_allgather`), then sums them densely.
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed.allreduce.algorithms import bytes_moved, groups_of_size, schedule
+from testbed.allreduce.algorithms import ALGORITHMS, bytes_moved, groups_of_size, schedule
 from testbed.allreduce.channels import Link, Outgoing, Slot
 from testbed.allreduce.collectives import ring_allreduce, run_schedule, sparse_ring_allgather
 from testbed.allreduce.ring import make_buckets, ring_neighbours
@@ -112,7 +113,7 @@ class RingPeer(WorkerBase):
 
     def open_link(self, right: Any, right_node: str, nbytes: int | None = None, local: bool = False) -> Any:
         """Create the channel to the right neighbour (first half of `wire_ring`); None when
-        this peer never uses the ring exchange (--algorithm other than ring).
+        this peer never uses the ring exchange (an --algorithm without `neighbour_exchange`).
 
         Sized for the largest message (a dense ring chunk, or a packed top-k piece) unless
         `nbytes` says otherwise: Ray never frees a channel's buffer, not even the one it
@@ -120,13 +121,14 @@ class RingPeer(WorkerBase):
         right neighbour lives in this process; the link is a `Slot` (no size to fix).
         """
         self._close_links()  # re-wiring after a restart: the old links are done
+        exchange = ALGORITHMS[self.algorithm].neighbour_exchange
         if local:
-            if self.algorithm != "ring":
+            if not exchange:
                 return None
             self._outgoing = Slot()
             return self._outgoing.reader_end()
         if nbytes is None:
-            if self.algorithm != "ring":  # (top-k, the other user of the exchange, needs the ring)
+            if not exchange:  # (top-k, the other user of the exchange, is allowed only with it)
                 return None
             largest = max(self.bucket_numels, default=0)
             nbytes = -(-largest // self.n) * 4
@@ -168,11 +170,11 @@ class RingPeer(WorkerBase):
                                               self.logical_factor, peers=peers, rank=self.rank, link=link)
 
     def node_id(self) -> str:
-        """The Ray node this peer runs on (hierarchical groups peers by node)."""
+        """The Ray node this peer runs on (an algorithm that needs node groups groups by it)."""
         return ray.get_runtime_context().get_node_id()
 
     def set_groups(self, groups: list[list[int]]) -> None:
-        """Hierarchical: the node groups (each a list of ranks; the first leads)."""
+        """The node groups, for an algorithm that needs them (each a list of ranks; the first leads)."""
         self.groups, self._schedules = groups, {}
 
     def rendezvous(self) -> tuple[str, int]:
@@ -231,7 +233,7 @@ class RingPeer(WorkerBase):
         if len(view) not in self._schedules:
             self._schedules[len(view)] = schedule(self.algorithm, self.rank, self.n, len(view), self.groups)
         rounds = self._schedules[len(view)]
-        if self.algorithm == "ring":  # the ring's own neighbour exchange; same rounds, same bytes
+        if ALGORITHMS[self.algorithm].neighbour_exchange:  # same rounds, same bytes as `rounds`
             sent = ring_allreduce(view, self.rank, self.n, self.transport, tag, self.wire)
             return sent, bytes_moved(rounds, self.wire.itemsize(view))[1]
         return run_schedule(view, rounds, self.transport, tag, self.wire)

@@ -1,8 +1,8 @@
 """What is true of `ring` (our peer-to-peer allreduce) and `allreduce-torch` (the library's).
 
 Both keep a full replica per worker and sum gradient buckets across workers every step; `ring`
-moves the pieces itself by `--algorithm` (ring, halving-doubling, tree, hierarchical; schedules
-in `algorithms.py`, costs in `testbed.analysis.costmodel`) over `--transport`, and may compress
+moves the pieces itself by `--algorithm` (the table `algorithms.ALGORITHMS`: schedules, and
+costs from `testbed.analysis.costmodel`) over `--transport`, and may compress
 them; `allreduce-torch` hands each bucket to torch.distributed.all_reduce. Pure: no Ray.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from testbed.allreduce.algorithms import ALGORITHMS, groups_of_size
+from testbed.allreduce.algorithms import ALGORITHMS, groups_of_size, lookup
 from testbed.allreduce.ring import make_buckets
 from testbed.analysis import costmodel
 from testbed.config import RunConfig, fail
@@ -20,13 +20,6 @@ from testbed.strategy import NotModelled, Prediction, StrategySpec, Variant
 TRANSPORTS = ("object-store", "torch")
 RING_KEYS = frozenset({"ring.bucket_mb", "ring.first_bucket_mb", "ring.overlap", "ring.transport", "ring.algorithm",
                        "ring.node_size", "compression"})
-
-FORMULAS = {
-    "ring": "2*(N-1)*(a + K/(N*B))",
-    "halving-doubling": "2*log2(p)*a + 2*(p-1)/p*K/B [+ 2*(a + K/B) if N > p = 2^floor(log2 N)]",
-    "tree": "2*ceil(log2(N))*(a + K/B)",
-    "hierarchical": "2*ceil(log2(g))*(a + K/B) + 2*(M-1)*(a + K/(M*B))",
-}
 
 SUMMARY_KEYS = {
     "grad_bytes_logical": "bytes: the logical gradient K",
@@ -49,16 +42,13 @@ SUMMARY_KEYS = {
 
 def allreduce_comm_s(algorithm: str, n: int, k: float, a: float, b: float, buckets: int = 1,
                      node_size: int | None = None, nodes: int | None = None) -> float:
-    """The cost model of one allreduce by --algorithm."""
-    if algorithm == "ring":
-        return costmodel.ring_comm_s(n, k, a, b, buckets=buckets)
-    if algorithm == "halving-doubling":
-        return costmodel.halving_doubling_folded_comm_s(n, k, a, b, buckets=buckets)
-    if algorithm == "tree":
-        return costmodel.tree_comm_s(n, k, a, b, buckets=buckets)
-    if algorithm == "hierarchical":
-        return costmodel.hierarchical_comm_s(n, k, a, b, node_size, buckets=buckets, nodes=nodes)
-    raise ValueError(f"algorithm {algorithm!r}: unknown; use one of {', '.join(ALGORITHMS)}")
+    """The cost model of one allreduce by --algorithm (its table entry's cost)."""
+    return lookup(algorithm).cost(n, k, a, b, buckets, node_size, nodes)
+
+
+def _names(wanted: str) -> str:
+    """The algorithms whose entry has the flag `wanted`, for error messages ("x or y")."""
+    return " or ".join(name for name, alg in ALGORITHMS.items() if getattr(alg, wanted))
 
 
 class AllreduceSpec(StrategySpec):
@@ -70,7 +60,7 @@ class AllreduceSpec(StrategySpec):
         self.library = library  # torch.distributed.all_reduce sums the buckets
         self.name = "allreduce-torch" if library else "ring"
         self.keys = frozenset({"ring.bucket_mb", "ring.first_bucket_mb", "ring.overlap"}) if library else RING_KEYS
-        self.choices = {} if library else {"ring.transport": TRANSPORTS, "ring.algorithm": ALGORITHMS}
+        self.choices = {} if library else {"ring.transport": TRANSPORTS, "ring.algorithm": tuple(ALGORITHMS)}
 
     def cannot_share_processes(self, cfg: RunConfig) -> str | None:
         """The object-store ring links neighbours in one process through memory (channels.Slot);
@@ -96,31 +86,32 @@ class AllreduceSpec(StrategySpec):
                      "itself and cannot be emulated; drop --bandwidth or use --strategy ring")
             return
         r = cfg.ring
-        if r.node_size is not None and r.algorithm != "hierarchical":
-            fail("ring.node_size", r.node_size, "groups workers into nodes for --algorithm hierarchical; "
-                 f"add it or drop --node-size (got --algorithm {r.algorithm})")
-        if cfg.compression.kind == "topk" and r.algorithm != "ring":
+        alg = ALGORITHMS[r.algorithm]  # a known name: the choices are checked before this
+        if r.node_size is not None and not alg.needs_groups:
+            fail("ring.node_size", r.node_size, f"groups workers into nodes for --algorithm "
+                 f"{_names('needs_groups')}; add it or drop --node-size (got --algorithm {r.algorithm})")
+        if cfg.compression.kind == "topk" and not alg.neighbour_exchange:
             fail("compression", cfg.compression, "top-k pieces are gathered around the ring; "
-                 f"use --algorithm ring (got {r.algorithm}) or fp16")
+                 f"use --algorithm {_names('neighbour_exchange')} (got {r.algorithm}) or fp16")
 
     def message_path(self, cfg: RunConfig) -> str:
         """torch p2p over --transport torch; over the object store, the ring's neighbour exchange
         uses shared-memory channels and the any-pair algorithms actor calls."""
         if cfg.ring.transport == "torch":
             return "torch"
-        return "channel" if cfg.ring.algorithm == "ring" else "call"
+        return ALGORITHMS[cfg.ring.algorithm].message_path
 
     def map_variants(self, cfg: RunConfig) -> list[Variant]:
         """ring: every --algorithm, with and without --overlap, over the object store (the torch
-        transport moves the same bytes by the same model); hierarchical only where the map was
-        told the workers per machine (--node-size), which it groups by. allreduce-torch: its
+        transport moves the same bytes by the same model); one that needs node groups only where
+        the map was told the workers per machine (--node-size), which it groups by. allreduce-torch: its
         defaults (the model has no formula for the library's own algorithm)."""
         if self.library:
             return super().map_variants(cfg)
-        algorithms = [a for a in ALGORITHMS if a != "hierarchical" or cfg.ring.node_size is not None]
-        return [Variant({"ring.algorithm": alg, "ring.overlap": overlap, "ring.transport": "object-store",
-                         "ring.node_size": cfg.ring.node_size if alg == "hierarchical" else None},
-                        f"{self.name} {alg}" + (f" g={cfg.ring.node_size}" if alg == "hierarchical" else "")
+        algorithms = [a for a in ALGORITHMS.values() if not a.needs_groups or cfg.ring.node_size is not None]
+        return [Variant({"ring.algorithm": alg.name, "ring.overlap": overlap, "ring.transport": "object-store",
+                         "ring.node_size": cfg.ring.node_size if alg.needs_groups else None},
+                        f"{self.name} {alg.name}" + (f" g={cfg.ring.node_size}" if alg.needs_groups else "")
                         + ("" if overlap else ", no overlap"))
                 for alg in algorithms for overlap in (True, False)]
 
@@ -151,7 +142,7 @@ class AllreduceSpec(StrategySpec):
         alg = cfg.ring.algorithm
         shape = {"node_size": resolved.get("node_size"), "nodes": resolved.get("nodes")}
         comm = allreduce_comm_s(alg, n, spec.wire_bytes(k), a, b, buckets=buckets, **shape)
-        formula = FORMULAS[alg]
+        formula = ALGORITHMS[alg].formula
         if buckets > 1:  # every round's latency is paid once per bucket
             formula = formula.replace("(a + ", "(b*a + ").replace("log2(p)*a", "log2(p)*b*a")
         formula += " with K/2 (fp16)" if spec.kind == "fp16" else ""

@@ -8,9 +8,9 @@ step each worker sends 2K(N-1)/N bytes (K = gradient bytes), independent of N fo
 which is why the ring's step time stays flat while a single parameter server's grows with N.
 Cost per step (no overlap, b buckets): 2(N-1)(b a + K/(N B)).
 
-`--algorithm` picks how `ring` sums a bucket (ring, halving-doubling, tree or hierarchical;
-schedules and costs in `algorithms.py`); hierarchical groups the workers by Ray node, or into
-emulated nodes of `--node-size` consecutive ranks. `--compression` (fp16, topk:F) shrinks what
+`--algorithm` picks how `ring` sums a bucket (the table `algorithms.ALGORITHMS`: schedules and
+costs); one that needs node groups gets the workers grouped by Ray node, or into emulated nodes
+of `--node-size` consecutive ranks. `--compression` (fp16, topk:F) shrinks what
 each bucket's allreduce sends; the summary's prediction uses the matching cost formula.
 
 With `--overlap` (default) a bucket's allreduce starts as soon as backward has produced it, on
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed.allreduce.algorithms import groups_from_nodes, groups_of_size
+from testbed.allreduce.algorithms import ALGORITHMS, groups_from_nodes, groups_of_size
 from testbed.allreduce.peer import RingPeer, wire_ring
 from testbed.emulation.faults import NonFiniteGradient
 from testbed.records import Recorder, UpdateRecord
@@ -66,13 +66,14 @@ class RingAllreduce(Strategy):
         self.grad_bytes = remote.get(self.peers[0].logical_bytes.remote(), t, "sizes")
 
     def _node_groups(self) -> list[list[int]]:
-        """Hierarchical: ranks grouped into emulated nodes (--node-size) or by Ray node."""
+        """Ranks grouped into emulated nodes (--node-size) or by Ray node; the peers get them
+        where the algorithm needs node groups."""
         cfg, t = self.config, self.config.cluster.timeout_s
         if cfg.ring.node_size is not None:
             groups = groups_of_size(cfg.workers, cfg.ring.node_size)
         else:
             groups = groups_from_nodes(remote.get([p.node_id.remote() for p in self.peers], t, "node ids"))
-        if cfg.ring.algorithm == "hierarchical":
+        if ALGORITHMS[cfg.ring.algorithm].needs_groups:
             remote.get([p.set_groups.remote(groups) for p in self.peers], t, "node groups")
         return groups
 
@@ -146,7 +147,7 @@ class RingAllreduce(Strategy):
         state = remote.get(self.peers[live[0]].optimizer_state.remote(), t, "survivor optimizer state")
         remote.get([self.peers[i].set_optimizer_state.remote(state) for i in dead], t, "optimizer re-sync")
         wire_ring(self.peers, t)
-        if self.config.ring.algorithm == "hierarchical":
+        if ALGORITHMS[self.config.ring.algorithm].needs_groups:
             remote.get([self.peers[i].set_groups.remote(self.groups) for i in dead], t, "node groups")
         for i in dead:
             recorder.fault("worker-restart", f"worker{i}", step, t0, time.time(), cause=type(cause).__name__)

@@ -1,11 +1,13 @@
 """Allreduce schedules (halving-doubling, tree, hierarchical, ring) against the numpy sum, their
-byte counts, their cost-model entries (also on the NIC emulator) and the --algorithm flags."""
+byte counts, their cost-model entries (also on the NIC emulator), the table that holds them and
+the --algorithm flags."""
 
 import numpy as np
 import pytest
 
 from testbed.allreduce.algorithms import (
     ALGORITHMS,
+    Algorithm,
     Round,
     Transfer,
     bytes_moved,
@@ -44,7 +46,7 @@ def test_every_algorithm_equals_the_numpy_sum(algorithm, n):
     for length in (0, 1, max(1, n - 1), n, 3 * n + 2, 257):
         bufs = [rng.standard_normal(length).astype(np.float32) for _ in range(n)]
         expected = np.sum(np.stack(bufs), axis=0)
-        for groups in (_partitions(n) if algorithm == "hierarchical" else [None]):
+        for groups in (_partitions(n) if ALGORITHMS[algorithm].needs_groups else [None]):
             out = reference_allreduce(bufs, algorithm, groups)
             for r, res in enumerate(out):
                 np.testing.assert_allclose(res, expected, rtol=1e-5, atol=1e-5,
@@ -164,10 +166,13 @@ def _emulated_time(algorithm, n, length, groups=None):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 8])
 def test_cost_model_matches_the_nic_emulator(algorithm, n):
+    """Every table entry's cost against its own schedule run through the NICs."""
     length = 8 * 7 * 5 * 3 * 1000  # K = 4*length bytes, divisible by every chunk count
     node = 2 if n > 2 else None
     groups = groups_of_size(n, node or n)
-    expected = allreduce_comm_s(algorithm, n, 4.0 * length, A, B, node_size=node or n, nodes=len(groups))
+    expected = ALGORITHMS[algorithm].cost(n, 4.0 * length, A, B, 1, node or n, len(groups))
+    assert allreduce_comm_s(algorithm, n, 4.0 * length, A, B, node_size=node or n,
+                            nodes=len(groups)) == expected
     got = _emulated_time(algorithm, n, length, groups)
     if algorithm == "tree" and n & (n - 1):
         # A subtree that finishes early sends ahead of its round and hides latency: the
@@ -175,6 +180,42 @@ def test_cost_model_matches_the_nic_emulator(algorithm, n):
         assert expected - 2 * (n - 1).bit_length() * A <= got <= expected + 1e-12
     else:
         assert got == pytest.approx(expected)
+
+
+def test_the_table_is_one_consistent_entry_per_algorithm():
+    assert list(ALGORITHMS) == ["ring", "halving-doubling", "tree", "hierarchical"]
+    for name, alg in ALGORITHMS.items():
+        assert isinstance(alg, Algorithm) and alg.name == name
+        assert alg.message_path in ("channel", "call")
+        # the ring's neighbour exchange rides the channel; the any-pair algorithms actor calls
+        assert (alg.message_path == "channel") == alg.neighbour_exchange
+        assert "K" in alg.formula and "a" in alg.formula
+        # schedule() is the entry's schedule once the groups are checked
+        groups = groups_of_size(6, 4) if alg.needs_groups else None
+        assert schedule(name, 2, 6, 30, groups) == alg.schedule(2, 6, 30, groups)
+        # what the spec asks of the entry: the message path, top-k only with the exchange,
+        # node groups only where needed, and the map's variants
+        cfg = _cfg(**{"ring.algorithm": name})
+        assert SPECS["ring"].message_path(cfg) == alg.message_path
+        assert _allowed(**{"ring.algorithm": name, "compression": "topk:0.01"}) == alg.neighbour_exchange
+        assert _allowed(**{"ring.algorithm": name, "ring.node_size": 2}) == alg.needs_groups
+        assert (name in {v.overrides["ring.algorithm"] for v in SPECS["ring"].map_variants(cfg)}) \
+            == (not alg.needs_groups)
+    grouped = next(name for name, alg in ALGORITHMS.items() if alg.needs_groups)
+    with_nodes = _cfg(**{"ring.algorithm": grouped, "ring.node_size": 2})
+    assert {v.overrides["ring.algorithm"] for v in SPECS["ring"].map_variants(with_nodes)} == set(ALGORITHMS)
+    assert SPECS["ring"].choices["ring.algorithm"] == tuple(ALGORITHMS)
+    with pytest.raises(ValueError, match="algorithm 'butterfly': unknown; use one of ring, halving-doubling, "
+                                         "tree, hierarchical"):
+        schedule("butterfly", 0, 2, 4)
+
+
+def _allowed(**changes):
+    try:
+        _cfg(**changes)
+    except ConfigError:
+        return False
+    return True
 
 
 def test_cost_model_literals():
@@ -202,7 +243,9 @@ def test_predict_ring_by_algorithm_buckets_and_compression():
         extra = {"ring.node_size": 4} if alg == "hierarchical" else {}
         out = _ring_prediction(**{"ring.algorithm": alg}, **extra)
         assert out.comm_s == pytest.approx(allreduce_comm_s(alg, 8, K, A, B, node_size=4))
-        assert "K" in out.formula
+        assert "K" in out.formula and out.formula == ALGORITHMS[alg].formula
+    assert ALGORITHMS["tree"].formula == "2*ceil(log2(N))*(a + K/B)"
+    assert ALGORITHMS["hierarchical"].formula == "2*ceil(log2(g))*(a + K/B) + 2*(M-1)*(a + K/(M*B))"
     five = _ring_prediction(buckets=5, **{"ring.algorithm": "tree"})
     assert five.comm_s == pytest.approx(6 * (5 * A + K / B)) and "b*a" in five.formula
     half = _ring_prediction(**{"ring.algorithm": "halving-doubling", "compression": "fp16"})
