@@ -8,6 +8,7 @@ a spec and a Strategy, and one line here.
 from __future__ import annotations
 
 from testbed.allreduce.spec import RING, TORCH_ALLREDUCE
+from testbed.config import use_sections
 from testbed.gossip.spec import GOSSIP
 from testbed.mapreduce.spec import MAPREDUCE
 from testbed.ps.spec import PS_ASYNC, PS_SYNC
@@ -21,6 +22,9 @@ SPECS: dict[str, StrategySpec] = {s.name: s for s in (
     TORCH_ALLREDUCE,
     GOSSIP,
 )}
+
+for _spec in SPECS.values():
+    use_sections(_spec.sections)
 
 
 def families() -> dict[str, str]:

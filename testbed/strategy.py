@@ -7,7 +7,7 @@ A strategy is two objects:
   choices of its own keys, its own validation rules, how many server actors it places, whether
   its model updates are synchronous steps, its summary keys, and its cost-model prediction
   from the config plus what it resolved at setup. Pure: importing a spec imports no Ray.
-* a `Strategy` -- its Ray shell, imported only when a run starts (`spec.create`):
+* a `Strategy` -- its Ray shell, imported only when a run starts (`spec.shell`, `spec.create`):
 
     with spec.create(config, cluster) as strategy:   # setup(): actors + identical replicas
         strategy.run(recorder)                        # records stream out while it trains
@@ -22,10 +22,9 @@ Adding a strategy: one package with a spec and a Strategy subclass, and one regi
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -66,16 +65,35 @@ class Variant:
     per_gradient: bool = False
 
 
+@dataclass(frozen=True)
+class Equivalence:
+    """A run a strategy declares equal, to float tolerance, to training in one process: `workers`
+    workers with `overrides` (config keys, e.g. testbed.workloads.tiny's presets) on the small
+    synthetic config of the equivalence test (tests/ray/test_equivalence.py), against
+    `testbed.reference.reference_training`, or the spec's own `reference` where it has one."""
+
+    workers: int
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+
 class StrategySpec(ABC):
     """What is true of one strategy, known without Ray (see the module docstring)."""
 
     name: str
     family: str
-    runner: str  # "module:Class" of its Strategy, imported when a run starts
+    sections: Mapping[str, type] = {}  # its own config sections, name -> dataclass (testbed.config.schema)
     keys: frozenset[str] = frozenset()  # strategy-specific config keys it reads
     choices: Mapping[str, tuple[str, ...]] = {}  # the allowed values of some of its keys
     summary_keys: Mapping[str, str] = {}  # its own summary.json keys -> meaning (results/README)
     fault_kinds: tuple[str, ...] = ("kill", "hang", "nan")  # the --fail kinds its workers can fire
+    equivalence: tuple[Equivalence, ...] = ()  # its runs that must equal one-process training
+    # strategies whose Ray shell this one extends: its package may import theirs, no other
+    builds_on: tuple[StrategySpec, ...] = ()
+
+    def reference(self, cfg: RunConfig, device: str = "cpu") -> np.ndarray | None:
+        """Its own single-process reference for an `Equivalence` run (flat parameters), or None
+        where that is plain SGD on the concatenated batch (testbed.reference)."""
+        return None
 
     def synchronous(self, cfg: RunConfig) -> bool:
         """True when a model update is one global step that every worker contributes to."""
@@ -129,11 +147,15 @@ class StrategySpec(ABC):
     def bytes_per_worker(self, cfg: RunConfig, resolved: Mapping[str, Any]) -> float:
         """The logical bytes one worker sends per iteration, by the model (beside the measured)."""
 
+    @abstractmethod
+    def shell(self) -> type[Strategy]:
+        """Its Ray shell, the Strategy subclass: imported inside this method, so that a spec
+        stays pure and Ray comes in only when a run starts."""
+
     def create(self, config: RunConfig, cluster: Any, run_id: str = "run",
                workdir: str | None = None) -> Strategy:
-        """Import this strategy's Ray shell and build it for one run."""
-        module, _, cls = self.runner.partition(":")
-        return getattr(importlib.import_module(module), cls)(self, config, cluster, run_id, workdir)
+        """Build its Ray shell for one run."""
+        return self.shell()(self, config, cluster, run_id, workdir)
 
 
 class Strategy(ABC):

@@ -12,10 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from testbed.allreduce.algorithms import ALGORITHMS, groups_of_size, lookup
+from testbed.allreduce.config import RingConfig
 from testbed.allreduce.ring import make_buckets
 from testbed.analysis import costmodel
 from testbed.config import RunConfig, fail
-from testbed.strategy import NotModelled, Prediction, StrategySpec, Variant
+from testbed.strategy import Equivalence, NotModelled, Prediction, Strategy, StrategySpec, Variant
+from testbed.workloads import tiny
 
 TRANSPORTS = ("object-store", "torch")
 RING_KEYS = frozenset({"ring.bucket_mb", "ring.first_bucket_mb", "ring.overlap", "ring.transport", "ring.algorithm",
@@ -51,13 +53,33 @@ def _names(wanted: str) -> str:
     return " or ".join(name for name, alg in ALGORITHMS.items() if getattr(alg, wanted))
 
 
+# Runs equal to one-process training (tests/ray/test_equivalence.py): Adam where every worker
+# applies it, bucketed synthetic gradients at N = 1, 2 (one chunk each way), 4, ranks sharing a
+# process (in-process slots + 2 channels), no overlap, any-pair sends over gloo (the ring's
+# exchange over torch: test_ring.py), and ResNet-50's 161 tensors bucketed by their real sizes.
+RING_EQUIVALENCE = (
+    Equivalence(2, tiny.RESNET_ADAM),
+    *[Equivalence(n, tiny.SMALL_BUCKETS) for n in (1, 2, 4)],
+    Equivalence(4, {**tiny.SMALL_BUCKETS, "cluster.workers_per_process": 3}),
+    Equivalence(3, {**tiny.SMALL_BUCKETS, "ring.overlap": False}),
+    Equivalence(3, {**tiny.SMALL_BUCKETS, "ring.transport": "torch", "ring.algorithm": "halving-doubling"}),
+    Equivalence(2, tiny.PROFILE),
+)
+LIBRARY_EQUIVALENCE = (Equivalence(2, tiny.LM_ADAM), Equivalence(3, tiny.SMALL_BUCKETS))
+
+
 class AllreduceSpec(StrategySpec):
     family = "allreduce"
-    runner = "testbed.allreduce.strategy:RingAllreduce"
+    sections = {"ring": RingConfig}  # its config section (testbed.allreduce.config)
     summary_keys = SUMMARY_KEYS
+
+    def shell(self) -> type[Strategy]:
+        from testbed.allreduce.strategy import RingAllreduce  # the Ray shell, imported at a run
+        return RingAllreduce
 
     def __init__(self, *, library: bool) -> None:
         self.library = library  # torch.distributed.all_reduce sums the buckets
+        self.equivalence = LIBRARY_EQUIVALENCE if library else RING_EQUIVALENCE
         self.name = "allreduce-torch" if library else "ring"
         self.keys = frozenset({"ring.bucket_mb", "ring.first_bucket_mb", "ring.overlap"}) if library else RING_KEYS
         self.choices = {} if library else {"ring.transport": TRANSPORTS, "ring.algorithm": tuple(ALGORITHMS)}

@@ -38,10 +38,12 @@ CONCURRENCY = 4  # step thread + deliver threads (messages from the left neighbo
 
 
 class RingAllreduce(Strategy):
+    peer_class: type[RingPeer] = RingPeer  # the workers' actor; a strategy built on this shell may step otherwise
+
     def setup(self) -> None:
         cfg = self.config
         self.library = self.spec.library
-        self.peers = remote.spawn(RingPeer, self.cluster, cfg.workers, cfg, device=self.cluster.device,
+        self.peers = remote.spawn(self.peer_class, self.cluster, cfg.workers, cfg, device=self.cluster.device,
                                   concurrency=CONCURRENCY, library=self.library,
                                   max_restarts=cfg.faults.max_restarts)
         t = cfg.cluster.timeout_s

@@ -1,6 +1,7 @@
 """What the user asked for: one validated configuration per run, and nothing else.
 
-    schema.py       RunConfig and its sections; each field's flag, help, check and parser
+    schema.py       RunConfig and its sections; each field's flag, help, check and parser; the
+                    strategy packages' own sections, which their specs name
     workload.py     the workload and evaluation sections; which workload reads which key
     fields.py       what a field is (`opt`) and the one error (`ConfigError`)
     datafiles.py    the --data formats (CIFAR-10 binary, MNIST IDX, UTF-8 text): probe and read
@@ -10,7 +11,8 @@
     stragglers.py faults.py compression.py payload.py items.py
                     the spec-string grammars (--straggler, --fail, --compression, --payload) and types
 
-The lowest layer: it imports no other testbed package but `units`, never Ray or torch. A
+The lowest layer: it imports no other testbed package but `units`, never Ray or torch; the
+strategies' sections come from their packages through the registry (`strategy_sections`). A
 `RunConfig` is saved as config.json beside every run's measurements.
 """
 
@@ -21,17 +23,13 @@ from testbed.config.schema import (
     DEVICES,
     MAX_WORKERS,
     PLACEMENTS,
-    SECTIONS,
     ClusterConfig,
     ConfigError,
     EvalConfig,
     FaultConfig,
     Faults,
-    GossipConfig,
     NetworkConfig,
     Payload,
-    PSConfig,
-    RingConfig,
     RunConfig,
     Stragglers,
     WorkloadConfig,
@@ -40,12 +38,15 @@ from testbed.config.schema import (
     from_dict,
     get,
     leaves,
+    sections,
+    strategy_sections,
+    use_sections,
     with_overrides,
 )
 from testbed.config.validate import fail, validate
 
-__all__ = ["DEVICES", "MAX_WORKERS", "PLACEMENTS", "SECTIONS", "WORKLOADS", "ClusterConfig",
-           "CompressionSpec", "ConfigError", "EvalConfig", "FaultConfig", "Faults", "GossipConfig", "NetworkConfig", "PSConfig",
-           "Payload", "RingConfig", "RunConfig", "Stragglers", "WorkloadConfig", "build_parser",
-           "default_of", "fail", "flag_of", "from_dict", "get", "leaves", "parse_config", "validate",
+__all__ = ["DEVICES", "MAX_WORKERS", "PLACEMENTS", "WORKLOADS", "ClusterConfig", "CompressionSpec",
+           "ConfigError", "EvalConfig", "FaultConfig", "Faults", "NetworkConfig", "Payload", "RunConfig",
+           "Stragglers", "WorkloadConfig", "build_parser", "default_of", "fail", "flag_of", "from_dict", "get",
+           "leaves", "parse_config", "sections", "strategy_sections", "use_sections", "validate",
            "with_overrides"]

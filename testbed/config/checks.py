@@ -38,4 +38,5 @@ def real(low: float, high: float | None, *, fix: str, low_ok: bool = True) -> Ch
 def choice(options: Sequence[str]) -> Check:
     def check(value: Any) -> str | None:
         return None if value in options else f"choose one of {', '.join(options)}"
+    check.options = tuple(options)  # type: ignore[attr-defined]  # (read by tests and docs)
     return check

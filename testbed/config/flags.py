@@ -13,13 +13,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from testbed.config.schema import (
-    SECTIONS,
     ConfigError,
     RunConfig,
     default_of,
     flag_of,
     group_of,
     leaves,
+    sections,
     shown,
     with_overrides,
 )
@@ -61,7 +61,7 @@ def build_parser(specs: Mapping[str, Any], prog: str = "python -m testbed.run",
                  description: str = "Train one job under a gradient-synchronisation strategy on Ray "
                                     "actors and measure what it costs.") -> argparse.ArgumentParser:
     p = _Parser(prog=prog, description=description, argument_default=argparse.SUPPRESS)
-    titles = {"run": "run", **{name: cls.__doc__ for name, cls in SECTIONS.items()}}
+    titles = {"run": "run", **{name: cls.__doc__ for name, cls in sections().items()}}
     groups = {name: p.add_argument_group(title) for name, title in titles.items()}
     for key, f in leaves():
         action = f.metadata.get("action")

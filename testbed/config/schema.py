@@ -14,6 +14,8 @@ evaluation sections live in `workload.py`, with the table of which workload read
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any
 
@@ -30,7 +32,6 @@ from testbed.config.workload import EvalConfig, WorkloadConfig
 MAX_WORKERS = 4096  # far past what one Ray cluster here can place; resources are checked later
 DEVICES = ("auto", "cpu", "cuda")
 PLACEMENTS = ("pack", "spread")
-PS_PLACEMENTS = ("dedicated", "colocated")
 
 
 # ---------------------------------------------------------------- the configuration
@@ -54,55 +55,6 @@ class ClusterConfig:
                                                "sharing is allowed: testbed.config.validate)")
     timeout_s: float = opt(120.0, flag="--timeout", check=real(0, None, low_ok=False, fix="use seconds > 0, e.g. 120"),
                            help="seconds any remote wait may take (a hang becomes an error or a restart)")
-
-
-@dataclass(frozen=True)
-class PSConfig:
-    """parameter server"""
-
-    shards: int = opt(1, flag="--ps-shards", check=integer(1, 1024, "use an integer number of server shards >= 1"),
-                      help="parameter-server shards, balanced by bytes")
-    staleness_bound: int | None = opt(None, check=integer(0, None, "use an integer >= 0 (0 = bulk synchronous)"),
-                                      help="stale-synchronous parallel: clock bound s (default: none)")
-    backup_workers: int = opt(0, check=integer(0, None, "use an integer >= 0"),
-                              help="apply after the first N-b gradients of a step, drop the rest")
-    servers: int | None = opt(None, flag="--ps-servers", check=integer(1, 1024, "use an integer number of servers >= 1"),
-                              help="the k of 'n workers + k servers': the same count as --ps-shards")
-    placement: str = opt("dedicated", flag="--ps-placement", check=choice(PS_PLACEMENTS),
-                         help="dedicated: each server its own machine and NIC; colocated: server i "
-                              "shares worker i's machine and NIC")
-    partition_mb: float = opt(4.0, flag="--ps-partition-mb", check=real(0, None, fix="use a size in MiB >= 0 (0: off), e.g. 4"),
-                              help="push, average and pull the gradient in partitions of at most this "
-                                   "many MiB, so pulls overlap pushes (0: one per server)")
-
-    @property
-    def count(self) -> int:
-        """Server actors: --ps-servers where given, else --ps-shards (validate refuses a conflict)."""
-        return self.shards if self.servers is None else self.servers
-
-
-@dataclass(frozen=True)
-class RingConfig:
-    """allreduce"""
-
-    bucket_mb: float = opt(25.0, check=real(0, None, low_ok=False, fix="use a bucket size in MiB > 0, e.g. 25"),
-                           help="gradient bucket size (MiB)")
-    first_bucket_mb: float = opt(1.0, check=real(0, None, low_ok=False, fix="use a size in MiB > 0, e.g. 1"),
-                                 help="cap of the first bucket (last layers), as DDP's 1 MiB")
-    overlap: bool = opt(True, action="optional", help="allreduce buckets while backward runs")
-    transport: str = opt("object-store", help="object-store (Ray shared-memory channels) or torch (gloo/NCCL p2p)")
-    algorithm: str = opt("ring", help="how a bucket is summed")
-    node_size: int | None = opt(None, check=integer(1, MAX_WORKERS, "use an integer number of workers per node >= 1"),
-                                help="hierarchical: workers per emulated node (default: one node per Ray node)")
-
-
-@dataclass(frozen=True)
-class GossipConfig:
-    """decentralised (gossip)"""
-
-    topology: str = opt("ring", help="neighbour graph")
-    asynchronous: bool = opt(False, flag="--gossip-async", action="store_true",
-                             help="pairwise asynchronous averaging instead of rounds")
 
 
 @dataclass(frozen=True)
@@ -150,8 +102,39 @@ class FaultConfig:
         _parse_fields(self)
 
 
-@dataclass(frozen=True)
+# ---------------------------------------------------------------- strategy sections
+# A strategy package owns its config section: a frozen dataclass of `opt` fields (e.g.
+# testbed.ps.config.PSConfig) that its spec names (`StrategySpec.sections`, name -> class). The
+# registry hands every spec's sections to `use_sections` when it is imported; building a RunConfig
+# asks for them first (`strategy_sections`), importing the registry if nothing has yet -- the one
+# place the config reaches up, as a plugin host loads its plugins. A section is then read as an
+# attribute (`cfg.ps.shards`), keyed as 'ps.shards', flagged, saved and loaded like the config's
+# own sections.
+_STRATEGY_SECTIONS: dict[str, type] = {}
+
+
+def use_sections(sections: Mapping[str, type]) -> None:
+    """Add strategy sections (name -> dataclass); the registry calls this once per spec."""
+    core = {f.name for f in fields(RunConfig)}
+    for name, cls in sections.items():
+        known = _STRATEGY_SECTIONS.get(name)
+        if name in core or (known is not None and known is not cls):
+            raise ValueError(f"config section {name!r}: already taken; give {cls.__name__} another name")
+        _STRATEGY_SECTIONS[name] = cls
+
+
+def strategy_sections() -> dict[str, type]:
+    """The registered strategies' sections, in registry order."""
+    if not _STRATEGY_SECTIONS:
+        importlib.import_module("testbed.registry")  # its import registers them
+    return dict(_STRATEGY_SECTIONS)
+
+
+@dataclass(frozen=True, init=False)
 class RunConfig:
+    """One run's configuration. Built with keyword arguments: its own fields, and the strategy
+    sections by name (`RunConfig(ps=PSConfig(shards=2))`); every field not given takes its default."""
+
     strategy: str = opt("ring", help="synchronisation strategy")
     workers: int = opt(4, check=integer(1, MAX_WORKERS, f"use an integer in 1..{MAX_WORKERS}"),
                        help="data-parallel workers (actors)")
@@ -168,25 +151,44 @@ class RunConfig:
                                 help="injected delays, e.g. fixed:worker=3,delay=200ms (docs/emulation.md)")
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    ps: PSConfig = field(default_factory=PSConfig)
-    ring: RingConfig = field(default_factory=RingConfig)
-    gossip: GossipConfig = field(default_factory=GossipConfig)
+    # the strategies' sections, name -> section value (see "strategy sections" above)
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False, metadata={"strategies": True})
     network: NetworkConfig = field(default_factory=NetworkConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
-    def __post_init__(self) -> None:
+    def __init__(self, **given: Any) -> None:
+        known = strategy_sections()
+        options = dict(given.pop("options", None) or {})
+        options.update({name: given.pop(name) for name in list(given) if name in known})
+        for f in fields(self):
+            if f.name == "options":
+                continue
+            value = given.pop(f.name) if f.name in given else (
+                f.default_factory() if f.default is MISSING else f.default)
+            object.__setattr__(self, f.name, value)
+        unknown = sorted(given) + sorted(set(options) - set(known))
+        if unknown:
+            raise TypeError(f"RunConfig: no field or strategy section {', '.join(unknown)}")
+        object.__setattr__(self, "options", {name: options[name] if name in options else cls()
+                                             for name, cls in known.items()})
         _parse_fields(self)
+
+    def __getattr__(self, name: str) -> Any:
+        """A strategy section as an attribute (only asked for names that are not fields)."""
+        options = self.__dict__.get("options") or {}
+        if name in options:
+            return options[name]
+        raise AttributeError(f"RunConfig has no field or strategy section {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Nested plain data (typed spec values as their canonical text): config.json."""
         out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in SECTIONS:
-                out[f.name] = {s.name: _as_data(getattr(value, s.name)) for s in fields(value)}
+        for name, value in _items(self):
+            if name in sections():
+                out[name] = {s.name: _as_data(getattr(value, s.name)) for s in fields(value)}
             else:
-                out[f.name] = _as_data(value)
+                out[name] = _as_data(value)
         return out
 
     @property
@@ -197,9 +199,24 @@ class RunConfig:
         return int(self.workload.grad_mb * 2**20)
 
 
-# The sub-configurations: fields of RunConfig whose value is a section dataclass (not a spec string).
-SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(RunConfig)
-                             if f.default_factory is not MISSING and "parse" not in f.metadata}
+def _items(cfg: RunConfig) -> list[tuple[str, Any]]:
+    """(name, value) of every field, the strategy sections in the place of `options`."""
+    out: list[tuple[str, Any]] = []
+    for f in fields(cfg):
+        out += list(cfg.options.items()) if f.name == "options" else [(f.name, getattr(cfg, f.name))]
+    return out
+
+
+def sections() -> dict[str, type]:
+    """Every section (a field whose value is a dataclass of fields, not a spec string), name ->
+    class, in declaration order, the strategy sections in the place of `options`."""
+    out: dict[str, type] = {}
+    for f in fields(RunConfig):
+        if f.name == "options":
+            out.update(strategy_sections())
+        elif f.default_factory is not MISSING and "parse" not in f.metadata:
+            out[f.name] = f.default_factory
+    return out
 
 
 def _as_data(value: Any) -> Any:
@@ -211,9 +228,12 @@ def _as_data(value: Any) -> Any:
 def leaves() -> list[tuple[str, Field]]:
     """Every settable field as (dotted key, Field), in declaration order."""
     out = []
+    every = sections()
     for f in fields(RunConfig):
-        if f.name in SECTIONS:
-            out += [(f"{f.name}.{s.name}", s) for s in fields(SECTIONS[f.name])]
+        if f.name == "options":
+            out += [(f"{name}.{s.name}", s) for name, cls in strategy_sections().items() for s in fields(cls)]
+        elif f.name in every:
+            out += [(f"{f.name}.{s.name}", s) for s in fields(every[f.name])]
         else:
             out.append((f.name, f))
     return out
@@ -251,12 +271,13 @@ def shown(value: Any) -> Any:
 
 def from_dict(data: dict[str, Any]) -> RunConfig:
     """Rebuild a RunConfig from `to_dict()` output (e.g. a saved config.json)."""
-    names = {f.name for f in fields(RunConfig)}
+    every = sections()
+    names = ({f.name for f in fields(RunConfig)} | set(every)) - {"options"}
     kwargs = {}
     for key, value in data.items():
         if key not in names:
             continue
-        kwargs[key] = SECTIONS[key](**value) if key in SECTIONS else value
+        kwargs[key] = every[key](**value) if key in every else value
     return RunConfig(**kwargs)
 
 
@@ -275,6 +296,7 @@ def with_overrides(cfg: RunConfig, **changes: Any) -> RunConfig:
     return replace(cfg, **flat)
 
 
-__all__ = ["ClusterConfig", "ConfigError", "EvalConfig", "FaultConfig", "Faults", "GossipConfig", "NetworkConfig",
-           "PSConfig", "Payload", "RingConfig", "RunConfig", "Stragglers", "WorkloadConfig",
-           "default_of", "flag_of", "from_dict", "get", "group_of", "leaves", "shown", "with_overrides"]
+__all__ = ["ClusterConfig", "ConfigError", "EvalConfig", "FaultConfig", "Faults", "NetworkConfig",
+           "Payload", "RunConfig", "Stragglers", "WorkloadConfig", "default_of", "flag_of", "from_dict",
+           "get", "group_of", "leaves", "sections", "shown", "strategy_sections", "use_sections",
+           "with_overrides"]

@@ -13,14 +13,15 @@ from typing import Any
 
 from testbed.analysis import costmodel
 from testbed.config import RunConfig, fail
+from testbed.gossip.config import GossipConfig
 from testbed.gossip.topology import TOPOLOGIES, degree
-from testbed.strategy import Prediction, StrategySpec, Variant
+from testbed.strategy import Prediction, Strategy, StrategySpec, Variant
 
 
 class GossipSpec(StrategySpec):
     name = "gossip"
     family = "gossip"
-    runner = "testbed.gossip.strategy:GossipSGD"
+    sections = {"gossip": GossipConfig}  # its config section (testbed.gossip.config)
     keys = frozenset({"gossip.topology", "gossip.asynchronous", "compression"})
     choices = {"gossip.topology": TOPOLOGIES}
     summary_keys = {
@@ -33,6 +34,10 @@ class GossipSpec(StrategySpec):
         "consensus_distance": "list: the same after every model update",
         "consensus_distance_last": "the same after the last update",
     }
+
+    def shell(self) -> type[Strategy]:
+        from testbed.gossip.strategy import GossipSGD  # the Ray shell, imported when a run starts
+        return GossipSGD
 
     def synchronous(self, cfg: RunConfig) -> bool:
         return not cfg.gossip.asynchronous

@@ -11,18 +11,26 @@ from typing import Any
 
 from testbed.analysis import costmodel
 from testbed.config import RunConfig
-from testbed.strategy import Prediction, StrategySpec
+from testbed.strategy import Equivalence, Prediction, Strategy, StrategySpec
+from testbed.workloads import tiny
 
 
 class MapReduceSpec(StrategySpec):
     name = "mapreduce"
     family = "mapreduce"
-    runner = "testbed.mapreduce.driver:MapReduce"
+    # runs equal to one-process training (tests/ray/test_equivalence.py): the ResNet with SGD where
+    # the driver applies the mean; ranks 0-2 sharing a process, 3 alone
+    equivalence = (Equivalence(2, tiny.RESNET_SGD),
+                   Equivalence(4, {**tiny.SYN, "cluster.workers_per_process": 3}))
     keys = frozenset({"compression"})
     summary_keys = {
         "grad_bytes_logical": "bytes: the logical gradient K",
         "driver_bytes_per_step": "bytes: what crosses the driver's NIC per step (N K out + N P in)",
     }
+
+    def shell(self) -> type[Strategy]:
+        from testbed.mapreduce.driver import MapReduce  # the Ray shell, imported when a run starts
+        return MapReduce
 
     def cannot_share_processes(self, cfg: RunConfig) -> str | None:
         return None  # the driver calls each worker

@@ -31,8 +31,10 @@ from typing import Any
 
 from testbed.analysis import costmodel, psmodel
 from testbed.config import RunConfig, fail
+from testbed.ps.config import PSConfig
 from testbed.ps.partition import partition_count
-from testbed.strategy import NotModelled, Prediction, StrategySpec, Variant
+from testbed.strategy import Equivalence, NotModelled, Prediction, Strategy, StrategySpec, Variant
+from testbed.workloads import tiny
 
 SUMMARY_KEYS = {
     "grad_bytes_logical": "bytes: the logical gradient K",
@@ -54,11 +56,30 @@ SUMMARY_KEYS = {
 }
 
 
+# Runs equal to one-process training (tests/ray/test_equivalence.py): momentum held by the servers,
+# whole and split across two shards; the transformer's one-worker async run is sequential SGD;
+# partitions spread over dedicated and colocated servers.
+SYNC_EQUIVALENCE = (
+    Equivalence(3, {**tiny.RESNET, "workload.optimizer": "momentum", "ps.shards": 2}),
+    Equivalence(4, tiny.SYN),
+    Equivalence(4, {**tiny.SYN, "ps.shards": 2, "ps.partition_mb": 0.002}),  # 5 partitions on 2 servers
+    Equivalence(3, {**tiny.SYN, "ps.servers": 3, "ps.placement": "colocated", "ps.partition_mb": 0.002}),
+)
+ASYNC_EQUIVALENCE = (
+    Equivalence(1, {**tiny.LM, "workload.optimizer": "momentum", "workload.lr": 0.1}),  # state on the server
+    Equivalence(1, tiny.SYN),  # one async worker is sequential SGD
+)
+
+
 class PSSpec(StrategySpec):
     fault_kinds = ("kill", "hang", "nan", "sent")  # sent: dies once its push reached the servers
     family = "ps"
-    runner = "testbed.ps.strategy:ParameterServer"
+    sections = {"ps": PSConfig}  # its config section (testbed.ps.config)
     summary_keys = SUMMARY_KEYS
+
+    def shell(self) -> type[Strategy]:
+        from testbed.ps.strategy import ParameterServer  # the Ray shell, imported when a run starts
+        return ParameterServer
 
     def cannot_share_processes(self, cfg: RunConfig) -> str | None:
         return None  # pushes and pulls are actor calls
@@ -66,6 +87,7 @@ class PSSpec(StrategySpec):
     def __init__(self, *, sync: bool) -> None:
         self.sync = sync
         self.name = "ps-sync" if sync else "ps-async"
+        self.equivalence = SYNC_EQUIVALENCE if sync else ASYNC_EQUIVALENCE
         own = "ps.backup_workers" if sync else "ps.staleness_bound"
         self.keys = frozenset({"ps.shards", "ps.servers", "ps.placement", "ps.partition_mb", own,
                                "faults.checkpoint_every", "compression"})

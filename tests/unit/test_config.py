@@ -15,7 +15,6 @@ import pytest
 from testbed.config import (
     ConfigError,
     NetworkConfig,
-    PSConfig,
     RunConfig,
     WorkloadConfig,
     from_dict,
@@ -23,6 +22,7 @@ from testbed.config import (
     validate,
     with_overrides,
 )
+from testbed.ps.config import PSConfig
 from testbed.registry import SPECS
 
 NAN, INF = float("nan"), float("inf")

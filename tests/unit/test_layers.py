@@ -9,7 +9,7 @@ Layers (lowest first; a module may import its own layer and the ones below):
     workloads analysis                models and data; metrics, cost model, results, plots
     strategy                          the Strategy contract
     runtime                           Ray: cluster, remote calls, the worker base
-    ps mapreduce allreduce gossip     the strategies (never each other)
+    ps mapreduce allreduce gossip ... the strategies (never each other): the registry's packages
     registry reference                the table of strategies; single-process SGD
     session interrupts evaluation     the one code path of a run; signals; held-out evaluation
     run sweep sweeprun sweepspec bench docs map
@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from testbed.registry import SPECS
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "testbed"
 LAYERS = [
@@ -30,12 +32,16 @@ LAYERS = [
     {"workloads", "analysis"},
     {"strategy"},
     {"runtime"},
-    {"ps", "mapreduce", "allreduce", "gossip"},
+    set(),  # the strategy packages: every package the registry names a spec from (below)
     {"registry", "reference"},
     {"session", "interrupts", "evaluation"},
     {"run", "sweep", "sweeprun", "sweepcheck", "sweepspec", "bench", "docs", "nscluster", "map", "__main__", "__init__"},
 ]
-STRATEGY_PACKAGES = LAYERS[6]
+STRATEGY_PACKAGES = {type(spec).__module__.split(".")[1] for spec in SPECS.values()}
+# a strategy built on another's shell (`StrategySpec.builds_on`) may import that package
+BUILDS_ON = {(type(spec).__module__.split(".")[1], type(base).__module__.split(".")[1])
+             for spec in SPECS.values() for base in spec.builds_on}
+LAYERS[6] |= STRATEGY_PACKAGES
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 # Modules that must import neither Ray nor torch (the unit tier and the CLI's validation rely on it).
@@ -52,6 +58,9 @@ PURE = [
     "testbed.workloads.profiles", "testbed.run", "testbed.optim", "testbed.analysis.evals",
     "testbed.config.datafiles", "testbed.workloads.images", "testbed.workloads.language",
     "testbed.workloads.data", "testbed.map.grid", "testbed.map.table", "testbed.map.rank", "testbed.map.report",
+    # every strategy's spec and the modules of its config sections
+    *sorted({type(spec).__module__ for spec in SPECS.values()}),
+    *sorted({cls.__module__ for spec in SPECS.values() for cls in spec.sections.values()}),
 ]
 
 
@@ -92,8 +101,10 @@ def test_imports_point_down_and_strategy_packages_stand_apart():
                 continue
             if RANK[dst] > RANK[src]:
                 problems.append(f"{module} imports {target} (layer {RANK[dst]} above {RANK[src]})")
-            elif src in STRATEGY_PACKAGES and dst in STRATEGY_PACKAGES and src != dst:
-                problems.append(f"{module} imports {target}: strategy packages never import each other")
+            elif (src in STRATEGY_PACKAGES and dst in STRATEGY_PACKAGES and src != dst
+                  and (src, dst) not in BUILDS_ON):
+                problems.append(f"{module} imports {target}: strategy packages never import each other "
+                                "(unless the importer's spec says it builds_on the other)")
     assert not problems, "\n".join(problems)
 
 

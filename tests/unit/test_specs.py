@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.config import ConfigError, RunConfig, leaves, validate, with_overrides
+from testbed.config import ConfigError, RunConfig, default_of, leaves, validate, with_overrides
 from testbed.config.validate import strategy_keys
 from testbed.emulation.network import LinkSpec, simulate
 from testbed.registry import SPECS
@@ -69,19 +69,32 @@ def test_spec_keys_are_config_keys_and_every_key_has_a_flag():
         assert set(spec.choices) <= set(spec.keys) | {k for k in keys if k not in strategy_keys(SPECS)}
 
 
+def _another_value(key):
+    """A value of `key` other than its default that its own check accepts: another of its owners'
+    choices, the other boolean, a number one step away; spec strings by example."""
+    examples = {"compression": "fp16", "faults.checkpoint_every": 5}
+    if key in examples:
+        return examples[key]
+    default = default_of(key)
+    own = getattr(dict(leaves())[key].metadata.get("check"), "options", ())
+    choices = [c for spec in SPECS.values() for c in (*spec.choices.get(key, ()), *own) if c != default]
+    if choices:
+        return choices[0]
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, float):
+        return default / 2 if default > 0 else 1.0
+    return 2 if default is None else default + 1
+
+
 @pytest.mark.parametrize("key", sorted(strategy_keys(SPECS)))
 def test_a_key_is_rejected_for_a_strategy_that_does_not_read_it(key):
-    values = {"ps.shards": 2, "ps.staleness_bound": 1, "ps.backup_workers": 1, "ring.bucket_mb": 1.0,
-                  "ring.first_bucket_mb": 2.0,
-              "ring.overlap": False, "ring.transport": "torch", "ring.algorithm": "tree",
-              "ring.node_size": 2, "gossip.topology": "complete", "gossip.asynchronous": True,
-              "faults.checkpoint_every": 5, "compression": "fp16", "ps.servers": 2,
-              "ps.placement": "colocated", "ps.partition_mb": 1.0}
+    value = _another_value(key)
     for name, spec in SPECS.items():
         if key in spec.keys:
             continue
         with pytest.raises(ConfigError, match="applies to --strategy") as info:
-            _cfg(strategy=name, **{key: values[key]})
+            _cfg(strategy=name, **{key: value})
         owners = [n for n, s in SPECS.items() if key in s.keys]
         assert "/".join(owners) in str(info.value)
 
@@ -134,7 +147,7 @@ def test_only_parameter_servers_place_servers():
 
 # A strategy owns what is true of it: outside the registry and its own package nothing names it.
 NAMES = sorted(SPECS)
-OWN_DIRS = {"ps", "allreduce", "mapreduce", "gossip"}
+OWN_DIRS = {type(spec).__module__.split(".")[1] for spec in SPECS.values()}
 
 
 def _string_literals(path: Path):

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from testbed.analysis.costmodel import gossip_async_comm_s
-from testbed.config import ConfigError, GossipConfig, RunConfig, validate, with_overrides
+from testbed.config import ConfigError, RunConfig, validate, with_overrides
 from testbed.emulation.network import LinkSpec, simulate
+from testbed.gossip.config import GossipConfig
 from testbed.gossip.topology import (
     TOPOLOGIES,
     consensus_distance,
