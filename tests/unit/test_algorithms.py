@@ -26,6 +26,7 @@ from testbed.analysis.costmodel import (
     tree_comm_s,
 )
 from testbed.config import ConfigError, RunConfig, validate, with_overrides
+from testbed.config.validate import owners
 from testbed.emulation.network import LinkSpec, Nic
 from testbed.registry import SPECS
 
@@ -271,8 +272,10 @@ def test_algorithm_flags_validate():
 
 @pytest.mark.parametrize(("changes", "needle"), [
     ({"ring.algorithm": "butterfly"}, "--algorithm 'butterfly': choose one of ring, halving-doubling"),
-    ({"strategy": "mapreduce", "ring.algorithm": "tree"}, "--algorithm 'tree': applies to --strategy ring only"),
-    ({"strategy": "allreduce-torch", "ring.algorithm": "tree"}, "--algorithm 'tree': applies to --strategy ring only"),
+    ({"strategy": "mapreduce", "ring.algorithm": "tree"},
+     f"--algorithm 'tree': applies to --strategy {'/'.join(owners(SPECS, 'ring.algorithm'))} only"),
+    ({"strategy": "allreduce-torch", "ring.algorithm": "tree"},
+     f"--algorithm 'tree': applies to --strategy {'/'.join(owners(SPECS, 'ring.algorithm'))} only"),
     ({"ring.node_size": 4}, "--node-size 4: groups workers into nodes for --algorithm hierarchical"),
     ({"ring.algorithm": "hierarchical", "ring.node_size": 0}, "--node-size 0: use an integer"),
     ({"strategy": "ps-sync", "ring.node_size": 2}, "--node-size 2"),
