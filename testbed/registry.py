@@ -10,6 +10,7 @@ from __future__ import annotations
 from testbed.allreduce.spec import RING, TORCH_ALLREDUCE
 from testbed.config import use_sections
 from testbed.gossip.spec import GOSSIP
+from testbed.localsgd.spec import LOCAL_SGD
 from testbed.mapreduce.spec import MAPREDUCE
 from testbed.ps.spec import PS_ASYNC, PS_SYNC
 from testbed.strategy import StrategySpec
@@ -21,6 +22,7 @@ SPECS: dict[str, StrategySpec] = {s.name: s for s in (
     RING,
     TORCH_ALLREDUCE,
     GOSSIP,
+    LOCAL_SGD,
 )}
 
 for _spec in SPECS.values():
