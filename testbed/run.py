@@ -4,7 +4,7 @@
 
 Prints a progress bar, a summary table and, as the last stdout line, the run folder. Bad input
 is one stderr line naming the value and the fix, exit 2, before Ray starts. However a run ends
-(testbed/session.py lists the statuses and exit codes: failed 1 or 3, diverged 4, a signal 130)
+(testbed/session/execute.py lists the statuses and exit codes: failed 1 or 3, diverged 4, a signal 130)
 it keeps what was measured and says why in one stderr line.
 
 This module imports nothing heavy at its top (numpy, pandas, Ray, torch come with the config and
@@ -21,7 +21,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from testbed.interrupts import INTERRUPTS
+from testbed.session.interrupts import INTERRUPTS
 
 if TYPE_CHECKING:
     from testbed.config import RunConfig
@@ -33,8 +33,8 @@ __all__ = ["format_summary", "main", "parse_args"]
 
 def parse_args(argv: list[str] | None = None) -> RunConfig:
     """argv -> validated RunConfig for the registered strategies (ConfigError: one line)."""
-    from testbed import registry
     from testbed.config import parse_config
+    from testbed.strategies import registry
 
     return parse_config(argv, registry.SPECS)
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                 from testbed.config import ConfigError
 
                 cfg = parse_args(argv)
-                from testbed.session import execute
+                from testbed.session.execute import execute
         except ConfigError as exc:
             print(f"testbed.run: error: {exc}", file=sys.stderr)
             return EXIT_USAGE

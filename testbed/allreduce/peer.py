@@ -34,8 +34,6 @@ from testbed.allreduce.algorithms import ALGORITHMS, bytes_moved, groups_of_size
 from testbed.allreduce.channels import Link, Outgoing, Slot
 from testbed.allreduce.collectives import ring_allreduce, run_schedule, sparse_ring_allgather
 from testbed.allreduce.ring import make_buckets, ring_neighbours
-from testbed.compression import Compressor, unpack_sparse
-from testbed.optim import Optimizer, optimizer_for, to_numpy_state
 from testbed.runtime import hosting
 from testbed.runtime.remote import RemoteTimeout, get
 from testbed.runtime.transport import (
@@ -47,6 +45,8 @@ from testbed.runtime.transport import (
     to_numpy,
 )
 from testbed.runtime.worker import WorkerBase
+from testbed.training.compressor import Compressor, unpack_sparse
+from testbed.training.optim import Optimizer, optimizer_for, to_numpy_state
 
 __all__ = ["Mailbox", "ObjectStoreTransport", "RingPeer", "TorchTransport", "ring_allreduce", "wire_ring"]
 

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from testbed.split import chunk_bounds
+from testbed.util.split import chunk_bounds
 
 __all__ = [
     "allgather_schedule",

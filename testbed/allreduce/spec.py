@@ -16,7 +16,14 @@ from testbed.allreduce.config import RingConfig
 from testbed.allreduce.ring import make_buckets
 from testbed.analysis import costmodel
 from testbed.config import RunConfig, fail
-from testbed.strategy import Equivalence, NotModelled, Prediction, Strategy, StrategySpec, Variant
+from testbed.strategies.contract import (
+    Equivalence,
+    NotModelled,
+    Prediction,
+    Strategy,
+    StrategySpec,
+    Variant,
+)
 from testbed.workloads import tiny
 
 TRANSPORTS = ("object-store", "torch")

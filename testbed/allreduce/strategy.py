@@ -3,7 +3,7 @@
 Every worker holds a full replica. Per step each computes its gradient, the gradient buckets
 (tensor fusion, last layers first, `--bucket-mb`) are summed across workers — by our ring
 schedule (`ring.py`, moved by `peer.py`) or by torch.distributed.all_reduce — divided by N, and
-every worker applies the same optimizer step (testbed.optim) to its own replica. No parameter is ever sent; per
+every worker applies the same optimizer step (testbed.training.optim) to its own replica. No parameter is ever sent; per
 step each worker sends 2K(N-1)/N bytes (K = gradient bytes), independent of N for large N,
 which is why the ring's step time stays flat while a single parameter server's grows with N.
 Cost per step (no overlap, b buckets): 2(N-1)(b a + K/(N B)).
@@ -28,10 +28,10 @@ import ray
 
 from testbed.allreduce.algorithms import ALGORITHMS, groups_from_nodes, groups_of_size
 from testbed.allreduce.peer import RingPeer, wire_ring
+from testbed.analysis.records import Recorder, UpdateRecord
 from testbed.emulation.faults import NonFiniteGradient
-from testbed.records import Recorder, UpdateRecord
 from testbed.runtime import remote
-from testbed.strategy import Strategy
+from testbed.strategies.contract import Strategy
 from testbed.workloads.base import unflatten
 
 CONCURRENCY = 4  # step thread + deliver threads (messages from the left neighbour)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from testbed import units
 from testbed.analysis.figures import NoData, colors, legend, new_figure
 from testbed.analysis.psmodel import byteps_optimal_comm_s
+from testbed.util import units
 
 
 def _setting(row: pd.Series) -> str:

@@ -36,7 +36,13 @@ import numpy as np
 import pandas as pd
 
 from testbed.analysis.provenance import provenance
-from testbed.records import EVAL_COLUMNS, EVENT_COLUMNS, STEP_COLUMNS, UPDATE_COLUMNS, Recorder
+from testbed.analysis.records import (
+    EVAL_COLUMNS,
+    EVENT_COLUMNS,
+    STEP_COLUMNS,
+    UPDATE_COLUMNS,
+    Recorder,
+)
 
 SCHEMA_VERSION = 1
 TABLES = {"steps": STEP_COLUMNS, "updates": UPDATE_COLUMNS, "events": EVENT_COLUMNS}
@@ -98,7 +104,7 @@ def _arrow_schema(columns: tuple[str, ...]):
     """Column types of a record table; integers stay integers, None is null (never a sentinel)."""
     import pyarrow as pa
 
-    from testbed.records import EvalRecord, Event, StepRecord, UpdateRecord
+    from testbed.analysis.records import EvalRecord, Event, StepRecord, UpdateRecord
 
     hints = {**StepRecord.__annotations__, **UpdateRecord.__annotations__, **Event.__annotations__,
              **EvalRecord.__annotations__}

@@ -68,7 +68,7 @@ import numpy as np
 
 from testbed.bench import gpu, models, network, startup
 from testbed.config import MAX_WORKERS, ConfigError
-from testbed.units import format_bytes, format_seconds, parse_size
+from testbed.util.units import format_bytes, format_seconds, parse_size
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 PROG = "python -m testbed.bench"

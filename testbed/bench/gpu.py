@@ -277,7 +277,7 @@ def junit_counts(path: Path) -> dict[str, Any]:
 def matrix_cases() -> list[tuple[str, dict[str, Any]]]:
     """Every registered strategy with its defaults, then with each other value of each of its
     own choices (the ring's transports and algorithms, gossip's topologies): (label, overrides)."""
-    from testbed.registry import SPECS
+    from testbed.strategies.registry import SPECS
 
     cases: list[tuple[str, dict[str, Any]]] = []
     for name, spec in SPECS.items():
@@ -290,7 +290,7 @@ def matrix_cases() -> list[tuple[str, dict[str, Any]]]:
 def run_strategies() -> list[str]:
     """The first synchronous strategy of each of RUN_FAMILIES, in registry order."""
     from testbed.config import RunConfig
-    from testbed.registry import SPECS
+    from testbed.strategies.registry import SPECS
 
     found = {}
     for name, spec in SPECS.items():
@@ -305,10 +305,10 @@ def matrix(out: Path, steps: int, device: str = "cuda") -> None:
     import ray
 
     from testbed.config import ConfigError, validate, with_overrides
-    from testbed.registry import SPECS
     from testbed.run import parse_args
     from testbed.runtime.rayprocs import start_ray
-    from testbed.session import execute
+    from testbed.session.execute import execute
+    from testbed.strategies.registry import SPECS
 
     rows = []
     folder = Path(tempfile.mkdtemp(prefix="gpu-matrix-"))

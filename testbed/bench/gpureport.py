@@ -15,7 +15,7 @@ def _num(x: Any, fmt: str = ".0f") -> str:
 
 
 def report(doc: dict[str, Any]) -> str:
-    from testbed.units import format_bytes, format_seconds
+    from testbed.util.units import format_bytes, format_seconds
 
     lines = ["# GPU check", ""]
     for stage, e in doc["stages"].items():

@@ -27,7 +27,7 @@ import numpy as np
 
 from testbed.config import ConfigError
 from testbed.config.calibration import PATHS, calibration_doc, fit
-from testbed.units import format_bytes
+from testbed.util.units import format_bytes
 
 DEFAULT_SIZES = "4KiB,256KiB,4MiB"
 

@@ -1,4 +1,4 @@
-"""`--compression none|fp16|topk:F`: the grammar and its typed form (testbed.compression does it).
+"""`--compression none|fp16|topk:F`: the grammar and its typed form (testbed.training.compressor does it).
 
     none      K bytes: 4 per float32 element
     fp16      K/2 bytes: each element rounded to half precision

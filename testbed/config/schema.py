@@ -3,12 +3,12 @@
 Each leaf field's metadata names its flag, its help text, its check and, for the spec strings
 (`--straggler`, `--fail`, `--compression`, `--payload`), how the text becomes a typed value and
 back. The defaults here are the only defaults: the command line (`flags.py`), sweeps
-(`testbed.sweepspec`) and `config.json` (`from_dict`) all build a `RunConfig` through these
+(`testbed.sweep.spec`) and `config.json` (`from_dict`) all build a `RunConfig` through these
 classes, and a spec string is parsed once, when the dataclass is built. A bad spec string
 raises `ConfigError`, whose text is the one line the user sees.
 
 Which fields apply to which strategy is not said here: each strategy says which keys it reads
-(`testbed.strategy.StrategySpec.keys`) and `validate.py` rejects the others. The workload and
+(`testbed.strategies.contract.StrategySpec.keys`) and `validate.py` rejects the others. The workload and
 evaluation sections live in `workload.py`, with the table of which workload reads which key.
 """
 
@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any
 
-from testbed import units
 from testbed.config.checks import choice, integer, real
 from testbed.config.compression import CompressionSpec, parse_compression
 from testbed.config.faults import Faults, parse_faults_spec
@@ -28,6 +27,7 @@ from testbed.config.fields import parse_fields as _parse_fields
 from testbed.config.payload import Payload
 from testbed.config.stragglers import Stragglers, parse_stragglers_spec
 from testbed.config.workload import EvalConfig, WorkloadConfig
+from testbed.util import units
 
 MAX_WORKERS = 4096  # far past what one Ray cluster here can place; resources are checked later
 DEVICES = ("auto", "cpu", "cuda")
@@ -126,7 +126,7 @@ def use_sections(sections: Mapping[str, type]) -> None:
 def strategy_sections() -> dict[str, type]:
     """The registered strategies' sections, in registry order."""
     if not _STRATEGY_SECTIONS:
-        importlib.import_module("testbed.registry")  # its import registers them
+        importlib.import_module("testbed.strategies.registry")  # its import registers them
     return dict(_STRATEGY_SECTIONS)
 
 

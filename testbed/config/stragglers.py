@@ -12,7 +12,7 @@
 * ``sporadic:p=0.05,delay=500ms`` -- each worker iteration independently, with
   probability ``p``, sleeps ``delay`` extra.
 
-Durations take the units of ``testbed.units.parse_duration``. Every random draw comes from
+Durations take the units of ``testbed.util.units.parse_duration``. Every random draw comes from
 its own generator seeded with ``(seed, worker, iteration, spec_index)``, so a delay does
 not depend on which other delays were asked for, or in which order.
 """
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from testbed.config.items import Items
-from testbed.units import parse_duration
+from testbed.util.units import parse_duration
 
 __all__ = [
     "FixedDelay",

@@ -2,7 +2,7 @@
 
 Generic rules come from the fields themselves (their declared checks) and from what
 strategies say about themselves: `specs` maps each strategy name to its `StrategySpec`
-(`testbed.registry.SPECS`), which declares the keys it reads, the choices of its own keys, how
+(`testbed.strategies.registry.SPECS`), which declares the keys it reads, the choices of its own keys, how
 many servers it places and any rule of its own. A strategy-specific key given to a strategy
 that does not read it is an error, not silently ignored. No strategy is named here.
 """
@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from testbed import units
 from testbed.config.calibration import load_calibration
 from testbed.config.datafiles import probe
 from testbed.config.faults import check_faults
@@ -28,6 +27,7 @@ from testbed.config.schema import (
     shown,
 )
 from testbed.config.workload import APPLIES, FROM_DATA
+from testbed.util import units
 
 
 def fail(key_or_flag: str, value: Any, fix: str) -> None:

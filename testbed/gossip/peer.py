@@ -27,7 +27,7 @@ average) is unchanged by averaging even when exchanges overlap. Staleness of a g
 averagings applied to x_i between its snapshot and its application. Bytes: an exchange is
 booked on the worker that starts it, K sent and K received (its partner's NIC mirrors them).
 
-The optimizer (testbed.optim) is each replica's own, with its own state; averaging mixes the
+The optimizer (testbed.training.optim) is each replica's own, with its own state; averaging mixes the
 parameters only. `--compression fp16` sends models as float16 (the sender mixes its own copy unrounded).
 """
 
@@ -41,10 +41,10 @@ import numpy as np
 
 from testbed.emulation.network import sleep_until
 from testbed.gossip.topology import mix, mixing_row, neighbours, pairwise_partner
-from testbed.optim import Optimizer, optimizer_for
 from testbed.runtime import remote
 from testbed.runtime.transport import Mailbox, ObjectStoreTransport, Wire
 from testbed.runtime.worker import WorkerBase
+from testbed.training.optim import Optimizer, optimizer_for
 
 
 class GossipPeer(WorkerBase):

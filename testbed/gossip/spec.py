@@ -15,7 +15,7 @@ from testbed.analysis import costmodel
 from testbed.config import RunConfig, fail
 from testbed.gossip.config import GossipConfig
 from testbed.gossip.topology import TOPOLOGIES, degree
-from testbed.strategy import Prediction, Strategy, StrategySpec, Variant
+from testbed.strategies.contract import Prediction, Strategy, StrategySpec, Variant
 
 
 class GossipSpec(StrategySpec):

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from testbed.analysis.records import Recorder, UpdateRecord
 from testbed.gossip.peer import GossipPeer
 from testbed.gossip.topology import (
     consensus_distance,
@@ -53,9 +54,8 @@ from testbed.gossip.topology import (
     neighbours,
     spectral_gap,
 )
-from testbed.records import Recorder, UpdateRecord
 from testbed.runtime import remote
-from testbed.strategy import Strategy
+from testbed.strategies.contract import Strategy
 from testbed.workloads import make_workload
 from testbed.workloads.base import unflatten
 
@@ -223,7 +223,7 @@ class _Driver:
 
 class _UpdateLoss:
     """The average model's loss on each update's training batch, on a driver thread, emitting UpdateRecords
-    in version order (held-out evaluation is testbed.evaluation's)."""
+    in version order (held-out evaluation is testbed.session.evaluation's)."""
 
     def __init__(self, model: Any, recorder: Recorder) -> None:
         self.model, self.recorder = model, recorder

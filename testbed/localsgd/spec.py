@@ -23,8 +23,8 @@ from testbed.allreduce.spec import RING, allreduce_comm_s
 from testbed.config import RunConfig, fail
 from testbed.localsgd.config import LocalSGDConfig
 from testbed.localsgd.outer import OuterStep, ends_round, rounds
-from testbed.optim import Optimizer, optimizer_for
-from testbed.strategy import Equivalence, Prediction, Strategy, StrategySpec, Variant
+from testbed.strategies.contract import Equivalence, Prediction, Strategy, StrategySpec, Variant
+from testbed.training.optim import Optimizer, optimizer_for
 from testbed.workloads import make_workload, tiny
 
 SUMMARY_KEYS = {

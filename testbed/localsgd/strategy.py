@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from testbed.allreduce.strategy import RingAllreduce
+from testbed.analysis.records import Recorder
 from testbed.localsgd.peer import LocalSGDPeer
-from testbed.records import Recorder
 
 
 class LocalSGD(RingAllreduce):

@@ -36,7 +36,7 @@ import pandas as pd
 
 from testbed.config import RunConfig, validate, with_overrides
 from testbed.map import checks
-from testbed.registry import SPECS
+from testbed.strategies.registry import SPECS
 
 ACC_WORKERS = 4  # workers of every measuring run: small enough for 2 cores, > 1 for staleness
 REF_STEPS = 40  # global steps of the reference run (mlp at lr 0.1 reaches loss 0.05 in about 20)

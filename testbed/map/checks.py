@@ -40,7 +40,7 @@ import pandas as pd
 
 from testbed.config import Payload, RunConfig, with_overrides
 from testbed.emulation.dilation import FIDELITY_TOLERANCE, LEAK_LIMIT
-from testbed.registry import SPECS
+from testbed.strategies.registry import SPECS
 
 TOLERANCE = 0.10  # measured step within 10% of the predicted step
 STEPS = 3  # worker iterations per check run: the step time is their median (sync) or mean (async) interval
@@ -193,7 +193,7 @@ def better_dilation(dilation: float, judged: dict[str, Any]) -> float | None:
 
 def run_one(cfg: RunConfig) -> tuple[str, dict[str, Any] | None, str | None, str | None]:
     """(status, summary, error line, run folder) of one run through the single-run code path."""
-    from testbed.session import execute
+    from testbed.session.execute import execute
 
     try:
         outcome = execute(cfg)
@@ -225,8 +225,8 @@ def run_logged(jobs: list[tuple[str, str, Any]], records: dict[str, dict[str, An
     ends it with what finished kept (the next run goes on from there)."""
     if not jobs:
         return
-    from testbed.interrupts import INTERRUPTS
     from testbed.runtime.rayprocs import start_ray, stop_ray
+    from testbed.session.interrupts import INTERRUPTS
 
     bar = None
     if not quiet:

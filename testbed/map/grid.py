@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed import units
 from testbed.config import MAX_WORKERS, WORKLOADS, ConfigError, RunConfig, WorkloadConfig
 from testbed.config.calibration import load_calibration
+from testbed.util import units
 from testbed.workloads import profiles
 
 CALIBRATED = "calibrated"  # the axis value of a real network's measured alpha and bandwidth

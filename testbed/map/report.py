@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from testbed import units
+from testbed.util import units
 
 
 def _pct(values: list[float]) -> str:

@@ -19,12 +19,12 @@ from typing import Any
 
 import pandas as pd
 
-from testbed import units
 from testbed.config import ConfigError, Payload, RunConfig, validate, with_overrides
 from testbed.config.calibration import load_calibration
 from testbed.map.grid import CALIBRATED, Grid
-from testbed.registry import SPECS
-from testbed.strategy import NotModelled, StrategySpec, Variant
+from testbed.strategies.contract import NotModelled, StrategySpec, Variant
+from testbed.strategies.registry import SPECS
+from testbed.util import units
 from testbed.workloads import make_workload
 
 CELL = ["latency", "bandwidth", "workers"]

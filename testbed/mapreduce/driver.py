@@ -8,7 +8,7 @@ Every byte goes through the driver: per step it sends K to each of N workers and
 gradients of K bytes, so its NIC moves 2NK and the step costs 2(a + N K / B) at the driver in
 the alpha-beta model — the bottleneck grows linearly with N. Gradients are averaged (not
 summed), so the result equals single-process training on the concatenated global batch; the
-optimizer (sgd, momentum, adam: testbed.optim) and its state live in the driver.
+optimizer (sgd, momentum, adam: testbed.training.optim) and its state live in the driver.
 
 Faults: a worker that dies or hangs (--timeout) is restarted by Ray (--max-restarts) and the
 step is redone from the same parameters and batches, so the result equals the no-fault run. A
@@ -28,15 +28,15 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed.compression import Compressor
+from testbed.analysis.records import Recorder, UpdateRecord
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.faults import NanPolicy
 from testbed.emulation.network import sleep_until
-from testbed.optim import Optimizer, mean_gradient, optimizer_for
-from testbed.records import Recorder, UpdateRecord
 from testbed.runtime import remote
 from testbed.runtime.worker import WorkerBase
-from testbed.strategy import Strategy
+from testbed.strategies.contract import Strategy
+from testbed.training.compressor import Compressor
+from testbed.training.optim import Optimizer, mean_gradient, optimizer_for
 from testbed.workloads import make_workload
 
 

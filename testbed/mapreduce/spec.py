@@ -11,7 +11,7 @@ from typing import Any
 
 from testbed.analysis import costmodel
 from testbed.config import RunConfig
-from testbed.strategy import Equivalence, Prediction, Strategy, StrategySpec
+from testbed.strategies.contract import Equivalence, Prediction, Strategy, StrategySpec
 from testbed.workloads import tiny
 
 

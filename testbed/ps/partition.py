@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from testbed.split import chunk_bounds
+from testbed.util.split import chunk_bounds
 
 MiB = 2**20
 

@@ -11,8 +11,8 @@
       |<-------------------- (params_p, version) -|  blocks until version >= min_version
 
 A synchronous version averages its gradients in worker order, whatever order they arrived in
-(`testbed.optim.mean_gradient`, the MapReduce driver's too), so a run is reproducible to the
-bit. The update is the run's optimizer (`testbed.optim`: sgd, momentum or adam), whose state for the
+(`testbed.training.optim.mean_gradient`, the MapReduce driver's too), so a run is reproducible to the
+bit. The update is the run's optimizer (`testbed.training.optim`: sgd, momentum or adam), whose state for the
 partition lives here beside its parameters (and in its checkpoints): every rule is elementwise,
 so partitions stepped apart equal the whole vector stepped at once.
 Staleness of an applied gradient = the partition's version at apply - the version the gradient
@@ -36,14 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from testbed.compression import Compressor
 from testbed.config import CompressionSpec, NetworkConfig
 from testbed.config.faults import Fault
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.faults import FaultPlan, NanPolicy
 from testbed.emulation.network import sleep_until
-from testbed.optim import Optimizer, OptimizerSpec, mean_gradient, to_numpy_state
 from testbed.runtime.worker import restarted
+from testbed.training.compressor import Compressor
+from testbed.training.optim import Optimizer, OptimizerSpec, mean_gradient, to_numpy_state
 
 
 class ShardState:

@@ -33,7 +33,14 @@ from testbed.analysis import costmodel, psmodel
 from testbed.config import RunConfig, fail
 from testbed.ps.config import PSConfig
 from testbed.ps.partition import partition_count
-from testbed.strategy import Equivalence, NotModelled, Prediction, Strategy, StrategySpec, Variant
+from testbed.strategies.contract import (
+    Equivalence,
+    NotModelled,
+    Prediction,
+    Strategy,
+    StrategySpec,
+    Variant,
+)
 from testbed.workloads import tiny
 
 SUMMARY_KEYS = {

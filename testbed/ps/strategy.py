@@ -23,15 +23,15 @@ from typing import Any
 import numpy as np
 import ray
 
+from testbed.analysis.records import Recorder, UpdateRecord
 from testbed.emulation.faults import NonFiniteGradient, RestartsExhausted, ServerLost
-from testbed.optim import optimizer_for
 from testbed.ps.partition import partition
 from testbed.ps.schedule import Schedule
 from testbed.ps.server import ShardActor
 from testbed.ps.worker import PSWorker, nic_file, remove_nic_files
-from testbed.records import Recorder, UpdateRecord
 from testbed.runtime import remote
-from testbed.strategy import Strategy
+from testbed.strategies.contract import Strategy
+from testbed.training.optim import optimizer_for
 from testbed.workloads.base import unflatten
 
 

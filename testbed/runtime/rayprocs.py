@@ -116,7 +116,7 @@ def silence_stderr() -> int:
 @contextmanager
 def _keep_our_sigterm():
     """ray.init replaces the process's SIGTERM handler with one that exits on the spot, midway
-    through starting the cluster (testbed.interrupts owns the signals: a run saves what it
+    through starting the cluster (testbed.session.interrupts owns the signals: a run saves what it
     measured and stops Ray in order). Keep Ray from installing it while it starts. (It cannot
     start on another thread instead: its daemons die with the thread that started them.)"""
     import ray._private.utils as ray_utils

@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from testbed.compression import Compressor
 from testbed.config import RunConfig
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.faults import FaultPlan, NanPolicy, poison
 from testbed.emulation.stragglers import StragglerModel
+from testbed.training.compressor import Compressor
 from testbed.workloads import make_workload
 
 

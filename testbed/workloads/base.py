@@ -59,7 +59,7 @@ class Workload(ABC):
     optimum: float | None = None
 
     def apply_update(self, grad: Any, optimizer: Any) -> None:
-        """One step of `optimizer` (testbed.optim) on the local replica, from the averaged gradient."""
+        """One step of `optimizer` (testbed.training.optim) on the local replica, from the averaged gradient."""
         params = self.get_params()
         optimizer.step(params, np.asarray(grad, dtype=np.float32))
         self.set_params(params)

@@ -4,7 +4,7 @@
 A worker process holds, per logical worker it hosts, float32 copies of:
 - the parameters (one flat tensor, every layer a view into it) and the gradient (likewise);
 - the optimizer's state where it applies updates: none for sgd, one buffer for momentum, two for
-  adam (`testbed.optim`);
+  adam (`testbed.training.optim`);
 - one copy in transit (the flat gradient or parameters handed to the transport as numpy).
 
 So bytes = 4 x parameters x (3 + optimizer buffers). Activations are left out (they depend on the

@@ -1,5 +1,5 @@
 """Tiny configurations of each workload, as config overrides, for the checks a strategy declares
-(`testbed.strategy.Equivalence`): small enough that a run of a few workers takes seconds.
+(`testbed.strategies.contract.Equivalence`): small enough that a run of a few workers takes seconds.
 
 SYN, the torch-free synthetic gradient, depends on the parameters (w - w* plus seeded noise per
 worker and iteration), so it checks averaging and replica consistency as a real model does

@@ -23,10 +23,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from testbed import nscluster
 from testbed.config import from_dict
-from testbed.reference import reference_training
-from testbed.registry import SPECS
+from testbed.nscluster import cli as nscluster
+from testbed.strategies.registry import SPECS
+from testbed.workloads.reference import reference_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.own_ray]
 

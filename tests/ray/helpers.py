@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
+from testbed.analysis.records import STEP_COLUMNS, UPDATE_COLUMNS, Recorder
 from testbed.analysis.results import table_frame
 from testbed.config import RunConfig, validate, with_overrides
-from testbed.records import STEP_COLUMNS, UPDATE_COLUMNS, Recorder
-from testbed.registry import SPECS
 from testbed.runtime.cluster import Cluster
-from testbed.session import summarize_run
+from testbed.session.execute import summarize_run
+from testbed.strategies.registry import SPECS
 
 
 def make_config(**changes: Any) -> RunConfig:

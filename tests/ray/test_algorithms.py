@@ -8,8 +8,8 @@ import ray
 from testbed.allreduce.algorithms import ALGORITHMS, bytes_moved, groups_of_size, schedule
 from testbed.allreduce.peer import RingPeer
 from testbed.allreduce.spec import allreduce_comm_s
-from testbed.compression import topk_count
-from testbed.reference import reference_training
+from testbed.training.compressor import topk_count
+from testbed.workloads.reference import reference_training
 from tests.ray.helpers import make_config, run_strategy
 
 SYNTHETIC = {"workload.name": "synthetic", "workload.grad_mb": 0.01, "workload.compute_ms": 0.0}

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from testbed.compression import topk_count
+from testbed.training.compressor import topk_count
 from tests.ray.helpers import make_config, run_strategy
 
 SYN = {"workload.name": "synthetic", "workload.grad_mb": 0.05, "workload.compute_ms": 0.0}

@@ -6,7 +6,7 @@ import pytest
 
 from testbed.analysis.results import load_run
 from testbed.config import with_overrides
-from testbed.registry import SPECS
+from testbed.strategies.registry import SPECS
 from testbed.workloads import make_workload
 from tests.ray.helpers import make_config, run_strategy
 from tests.unit.test_data import cifar_folder, mnist_folder
@@ -22,7 +22,7 @@ CASES = {
 
 
 def _execute(cfg):
-    from testbed.session import execute
+    from testbed.session.execute import execute
 
     outcome = execute(cfg)
     assert outcome.exit_code == 0, outcome.error_line

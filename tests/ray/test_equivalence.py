@@ -4,9 +4,9 @@ with the run's optimizer (sgd, momentum, adam) and the ResNet's batch-norm rule.
 import numpy as np
 import pytest
 
-from testbed.reference import reference_training
-from testbed.registry import SPECS
+from testbed.strategies.registry import SPECS
 from testbed.workloads import tiny
+from testbed.workloads.reference import reference_training
 from tests.ray.helpers import make_config, run_strategy
 
 # Each strategy declares the runs that must equal one-process training (`StrategySpec.equivalence`,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from testbed.session import execute
+from testbed.session.execute import execute
 from tests.ray.helpers import make_config
 
 FAST = {"workload.name": "synthetic", "workload.grad_mb": 0.01, "workload.compute_ms": 1.0,

@@ -10,7 +10,7 @@ import pytest
 
 from testbed.analysis.results import load_run
 from testbed.config import from_dict
-from testbed.reference import reference_training
+from testbed.workloads.reference import reference_training
 from tests.ray.helpers import make_config, run_strategy
 
 # the torch-free synthetic gradient: restarted actors come back without importing torch

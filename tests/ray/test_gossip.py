@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import ray
 
+from testbed.analysis.records import Recorder
 from testbed.gossip.topology import consensus_distance, mix, mixing_row, neighbours
-from testbed.records import Recorder
-from testbed.reference import reference_training
-from testbed.registry import SPECS
 from testbed.runtime.cluster import Cluster
+from testbed.strategies.registry import SPECS
 from testbed.workloads import make_workload
+from testbed.workloads.reference import reference_training
 from tests.ray.helpers import make_config, run_strategy
 
 SYNTHETIC = {"workload.name": "synthetic", "workload.grad_mb": 0.01, "workload.compute_ms": 0.0}

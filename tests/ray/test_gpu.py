@@ -16,7 +16,7 @@ the run refuses such a configuration before Ray starts (tests/unit/test_cluster_
 import numpy as np
 import pytest
 
-from testbed.reference import reference_training
+from testbed.workloads.reference import reference_training
 from tests.ray.helpers import make_config, run_strategy
 
 pytestmark = pytest.mark.gpu

@@ -7,9 +7,9 @@ import numpy as np
 import ray
 
 from testbed.config import RunConfig, with_overrides
-from testbed.reference import reference_training
 from testbed.runtime import remote
 from testbed.runtime.cluster import Cluster
+from testbed.workloads.reference import reference_training
 from tests.ray.helpers import make_config, run_strategy
 
 

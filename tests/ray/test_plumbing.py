@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from testbed.emulation.faults import NonFiniteGradient
-from testbed.registry import SPECS
-from testbed.session import execute
+from testbed.session.execute import execute
+from testbed.strategies.registry import SPECS
 from tests.ray.helpers import make_config, run_strategy
 
 SYNTHETIC = {"workload.name": "synthetic", "workload.grad_mb": 0.01}

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import ray
 
-from testbed.reference import reference_training
 from testbed.runtime import hosting, pool, remote
 from testbed.runtime.cluster import Cluster
+from testbed.workloads.reference import reference_training
 from tests.ray.helpers import make_config, run_strategy
 
 

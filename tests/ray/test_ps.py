@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import ray
 
-from testbed.optim import OptimizerSpec
 from testbed.ps.server import ShardActor
 from testbed.ps.ssp import ssp_staleness_bound
+from testbed.training.optim import OptimizerSpec
 from tests.ray.helpers import make_config, run_strategy
 
 SLOW = "fixed:worker=0,delay=60ms"

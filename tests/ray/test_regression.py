@@ -28,7 +28,7 @@ from testbed.analysis.baseline import (
     spec_identity,
 )
 from testbed.sweep import load_spec, main, spec_dict
-from testbed.sweepcheck import check_sweep
+from testbed.sweep.check import check_sweep
 from tests.ray.helpers import make_config, run_strategy
 
 pytestmark = pytest.mark.slow

@@ -113,8 +113,8 @@ def test_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path):
 
 
 def test_update_baseline_measures_afresh_and_refuses_failed_runs(tmp_path, capsys):
-    from testbed import registry
-    from testbed.sweepspec import expand, load_spec
+    from testbed.strategies import registry
+    from testbed.sweep.spec import expand, load_spec
 
     spec = tmp_path / "broken.toml"
     spec.write_text(SPEC.replace('name = "tiny"', 'name = "broken"')

@@ -28,7 +28,7 @@ from testbed.analysis.costmodel import (
 from testbed.config import ConfigError, RunConfig, validate, with_overrides
 from testbed.config.validate import owners
 from testbed.emulation.network import LinkSpec, Nic
-from testbed.registry import SPECS
+from testbed.strategies.registry import SPECS
 
 K, A, B = 100e6, 1e-3, 1e9
 

@@ -4,7 +4,7 @@
 import pytest
 
 from testbed.config import RunConfig, validate, with_overrides
-from testbed.registry import SPECS
+from testbed.strategies.registry import SPECS
 
 
 def _auto(monkeypatch, workers, **changes):

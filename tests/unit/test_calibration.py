@@ -9,7 +9,7 @@ import pytest
 
 from testbed.config import ConfigError, RunConfig
 from testbed.config.calibration import KIND, Link, calibration_doc, fit, load_calibration
-from testbed.registry import SPECS
+from testbed.strategies.registry import SPECS
 
 
 def test_fit_recovers_a_line_and_refuses_what_no_network_does():

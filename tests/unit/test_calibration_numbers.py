@@ -48,8 +48,8 @@ def _records(n=4):
 
 
 def test_a_prediction_that_raises_is_a_field_of_the_summary(tmp_path):
-    from testbed import session
-    from testbed.registry import SPECS
+    from testbed.session import execute as session
+    from testbed.strategies.registry import SPECS
 
     spec = SPECS["mapreduce"]
     cfg = RunConfig(strategy="mapreduce", workers=2)
@@ -69,8 +69,8 @@ def test_a_prediction_that_raises_is_a_field_of_the_summary(tmp_path):
 
 
 def test_a_calibration_file_changed_after_validation_costs_no_summary(tmp_path):
-    from testbed import session
-    from testbed.registry import SPECS
+    from testbed.session import execute as session
+    from testbed.strategies.registry import SPECS
 
     path = _file(tmp_path, GOOD)
     cfg = RunConfig(strategy="mapreduce", workers=2)

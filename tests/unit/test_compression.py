@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from testbed.compression import (
+from testbed.config import ConfigError, RunConfig, validate, with_overrides
+from testbed.strategies.registry import SPECS
+from testbed.training.compressor import (
     CompressionSpec,
     Compressor,
     pack_sparse,
@@ -11,8 +13,6 @@ from testbed.compression import (
     topk_count,
     unpack_sparse,
 )
-from testbed.config import ConfigError, RunConfig, validate, with_overrides
-from testbed.registry import SPECS
 
 
 def _grad(n, seed=0):

@@ -23,7 +23,7 @@ from testbed.config import (
     with_overrides,
 )
 from testbed.ps.config import PSConfig
-from testbed.registry import SPECS
+from testbed.strategies.registry import SPECS
 
 NAN, INF = float("nan"), float("inf")
 

@@ -16,7 +16,7 @@ from testbed.config.datafiles import (
     load_text,
     probe,
 )
-from testbed.registry import SPECS
+from testbed.strategies.registry import SPECS
 from testbed.workloads.images import PrototypeImages
 from testbed.workloads.language import MarkovLanguage
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from testbed import registry
 from testbed.analysis import keys
+from testbed.analysis.records import Recorder, StepRecord, UpdateRecord
 from testbed.config import NetworkConfig
 from testbed.emulation.dilation import (
     FIDELITY_TOLERANCE,
@@ -20,7 +20,7 @@ from testbed.emulation.dilation import (
 )
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.stragglers import StragglerModel
-from testbed.records import Recorder, StepRecord, UpdateRecord
+from testbed.strategies import registry
 
 
 def test_instants_move_towards_the_origin_and_durations_shrink():

@@ -7,14 +7,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from testbed import docs
 from testbed.analysis.keys import EVENT_COLUMNS, STEP_COLUMNS, UPDATE_COLUMNS, documented
+from testbed.analysis.records import EVENT_COLUMNS as EVENTS
+from testbed.analysis.records import STEP_COLUMNS as STEPS
+from testbed.analysis.records import UPDATE_COLUMNS as UPDATES
 from testbed.config import RunConfig, build_parser, with_overrides
-from testbed.records import EVENT_COLUMNS as EVENTS
-from testbed.records import STEP_COLUMNS as STEPS
-from testbed.records import UPDATE_COLUMNS as UPDATES
-from testbed.registry import SPECS
-from testbed.session import summarize_run
+from testbed.docs import generate as docs
+from testbed.session.execute import summarize_run
+from testbed.strategies.registry import SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from testbed.analysis.evals import eval_points, eval_summary
+from testbed.analysis.records import Recorder
 from testbed.config import RunConfig, with_overrides
-from testbed.evaluation import NICE, Evaluator
-from testbed.records import Recorder
+from testbed.session.evaluation import NICE, Evaluator
 
 STEPS = pd.DataFrame({"t_start": [100.0, 100.5, 101.0]})
 UPDATES = pd.DataFrame({"version": [1, 2, 3, 4], "t_applied": [101.0, 102.0, 103.0, 104.0],

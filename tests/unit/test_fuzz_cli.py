@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from testbed.config import ConfigError, parse_config
-from testbed.registry import SPECS
+from testbed.strategies.registry import SPECS
 
 FLAGS = ["--strategy", "--workers", "--steps", "--workload", "--batch-size", "--lr", "--seed",
          "--device", "--grad-mb", "--compute-ms", "--payload", "--placement", "--timeout", "--out",

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from testbed.config import ConfigError
-from testbed.registry import SPECS
-from testbed.sweepspec import expand, load_spec
+from testbed.strategies.registry import SPECS
+from testbed.sweep.spec import expand, load_spec
 
 KEYS = st.sampled_from(["strategy", "workers", "steps", "seed", "workload", "straggler", "repeats",
                         "workload.grad_mb", "ps.shards", "network.bandwidth", "ring.overlap",

@@ -5,7 +5,7 @@ refusal on a GPU machine)."""
 import pytest
 
 from testbed.config import ConfigError
-from testbed.registry import SPECS
+from testbed.strategies.registry import SPECS
 from tests.ray.helpers import make_config
 
 GIB = 2**30

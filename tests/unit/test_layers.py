@@ -2,18 +2,23 @@
 
 Layers (lowest first; a module may import its own layer and the ones below):
 
-    units split                       formats and cutting
+    util                              units, rates, durations; cutting a buffer
     config                            what the user asked for
-    records compression optim emulation
-                                      raw records, compression, optimizers, the NIC model, stragglers, faults
-    workloads analysis                models and data; metrics, cost model, results, plots
-    strategy                          the Strategy contract
+    training emulation                optimizers, compression; the NIC model, stragglers, faults
+    workloads analysis                models, data, the one-process reference; raw records,
+                                      metrics, cost model, results, plots
+    strategies.contract               the Strategy contract
     runtime                           Ray: cluster, remote calls, the worker base
-    ps mapreduce allreduce gossip ... the strategies (never each other): the registry's packages
-    registry reference                the table of strategies; single-process SGD
-    session interrupts evaluation     the one code path of a run; signals; held-out evaluation
-    run sweep sweeprun sweepspec bench docs map
-                                      the command lines
+    ps mapreduce allreduce gossip ... the strategies (never each other, unless one builds on
+                                      another's shell): the registry's packages
+    strategies.registry               the table of strategies
+    session                           the one code path of a run; signals; held-out evaluation
+    run sweep bench docs nscluster map
+                                      the command lines (run.py and __main__.py the only
+                                      top-level modules)
+
+A room is a top-level package or module, or a module of `strategies`, whose two modules sit in
+two layers.
 """
 
 import ast
@@ -21,22 +26,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-from testbed.registry import SPECS
+from testbed.strategies.registry import SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "testbed"
 LAYERS = [
-    {"units", "split"},
+    {"util"},
     {"config"},
-    {"records", "compression", "optim", "emulation"},
+    {"training", "emulation"},
     {"workloads", "analysis"},
-    {"strategy"},
+    {"strategies.contract", "strategies"},  # (the package itself: its docstring)
     {"runtime"},
     set(),  # the strategy packages: every package the registry names a spec from (below)
-    {"registry", "reference"},
-    {"session", "interrupts", "evaluation"},
-    {"run", "sweep", "sweeprun", "sweepcheck", "sweepspec", "bench", "docs", "nscluster", "map", "__main__", "__init__"},
+    {"strategies.registry"},
+    {"session"},
+    {"run", "sweep", "bench", "docs", "nscluster", "map", "__main__", "__init__"},
 ]
+TOP_LEVEL_MODULES = {"run", "__main__", "__init__"}  # the entry points; everything else in a package
 STRATEGY_PACKAGES = {type(spec).__module__.split(".")[1] for spec in SPECS.values()}
 # a strategy built on another's shell (`StrategySpec.builds_on`) may import that package
 BUILDS_ON = {(type(spec).__module__.split(".")[1], type(base).__module__.split(".")[1])
@@ -46,16 +52,16 @@ RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 # Modules that must import neither Ray nor torch (the unit tier and the CLI's validation rely on it).
 PURE = [
-    "testbed.units", "testbed.split", "testbed.config", "testbed.records", "testbed.compression",
+    "testbed.util.units", "testbed.util.split", "testbed.config", "testbed.analysis.records", "testbed.training.compressor",
     "testbed.emulation.network", "testbed.emulation.endpoint", "testbed.emulation.stragglers",
     "testbed.emulation.faults", "testbed.analysis.metrics", "testbed.analysis.costmodel",
     "testbed.analysis.results", "testbed.analysis.baseline", "testbed.analysis.regression",
     "testbed.analysis.plots", "testbed.analysis.psmodel", "testbed.analysis.placement", "testbed.ps.partition",
-    "testbed.analysis.runplots", "testbed.strategy", "testbed.registry", "testbed.sweepspec",
+    "testbed.analysis.runplots", "testbed.strategies.contract", "testbed.strategies.registry", "testbed.sweep.spec",
     "testbed.allreduce.ring", "testbed.allreduce.algorithms", "testbed.allreduce.spec",
     "testbed.gossip.topology", "testbed.gossip.spec", "testbed.ps.ssp", "testbed.ps.schedule",
     "testbed.ps.spec", "testbed.mapreduce.spec", "testbed.workloads.synthetic",
-    "testbed.workloads.profiles", "testbed.run", "testbed.optim", "testbed.analysis.evals",
+    "testbed.workloads.profiles", "testbed.run", "testbed.training.optim", "testbed.analysis.evals",
     "testbed.config.datafiles", "testbed.workloads.images", "testbed.workloads.language",
     "testbed.workloads.data", "testbed.map.grid", "testbed.map.table", "testbed.map.rank", "testbed.map.report",
     # every strategy's spec and the modules of its config sections
@@ -83,7 +89,18 @@ def _imports(path: Path):
 
 
 def _top(module: str) -> str:
-    return module.split(".")[1] if module.count(".") else "__init__"
+    """The room of a module: 'testbed.ps.spec' -> 'ps', 'testbed.strategies.registry' ->
+    'strategies.registry' (a package split across layers), 'testbed' -> '__init__'."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return "__init__"
+    two = ".".join(parts[1:3])
+    return two if two in RANK else parts[1]
+
+
+def test_only_the_entry_points_are_top_level_modules():
+    loose = {p.stem for p in PACKAGE.glob("*.py")} - TOP_LEVEL_MODULES
+    assert not loose, f"top-level modules outside a package: {sorted(loose)} (give each a package of its layer)"
 
 
 def test_every_top_level_module_has_a_layer():

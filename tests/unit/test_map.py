@@ -10,14 +10,14 @@ import time
 import pandas as pd
 import pytest
 
-from testbed import units
 from testbed.analysis.psmodel import byteps_optimal_comm_s
 from testbed.config import RunConfig, with_overrides
 from testbed.map import accuracy, checks, report
 from testbed.map.grid import parse_grid
 from testbed.map.rank import CELL, rank
 from testbed.map.table import configurations, predictions, tensor_plan
-from testbed.registry import SPECS
+from testbed.strategies.registry import SPECS
+from testbed.util import units
 
 FAST_S = 20  # far less than a Ray start and a check run
 

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from testbed.analysis.metrics import summarize
+from testbed.analysis.records import STEP_COLUMNS, UPDATE_COLUMNS
 from testbed.analysis.results import table_frame
-from testbed.records import STEP_COLUMNS, UPDATE_COLUMNS
 
 SUMMARY_NONE_KEYS = (
     "samples_per_s", "updates_per_s", "step_time_p50_s", "step_time_p95_s", "step_time_mean_s",

@@ -6,8 +6,8 @@ torch for 48 GiB: a traceback, exit 1)."""
 import pytest
 
 from testbed.config import ConfigError, parse_config
-from testbed.registry import SPECS
 from testbed.runtime.cluster import plan_resources
+from testbed.strategies.registry import SPECS
 from testbed.workloads import footprint
 from tests.unit.test_cli_errors import run_cli
 from tests.unit.test_data_validation import cifar, mnist

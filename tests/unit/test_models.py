@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from testbed.config import RunConfig, with_overrides
-from testbed.optim import mean_gradient
-from testbed.reference import concatenated_gradient
+from testbed.training.optim import mean_gradient
 from testbed.workloads import make_workload
 from testbed.workloads.nets import GhostBatchNorm
+from testbed.workloads.reference import concatenated_gradient
 
 RESNET = {"workload.name": "resnet", "workload.width": 4, "workload.batch_size": 8}
 LM = {"workload.name": "transformer", "workload.d_model": 16, "workload.layers": 1, "workload.heads": 2,
@@ -74,7 +74,7 @@ def test_evaluation_recalibrates_batch_norm_for_the_parameters_given():
 
 @pytest.mark.parametrize("extra", [RESNET, LM], ids=["resnet", "transformer"])
 def test_a_few_steps_lower_the_held_out_loss(extra):
-    from testbed.optim import Optimizer, optimizer_for
+    from testbed.training.optim import Optimizer, optimizer_for
 
     cfg = with_overrides(RunConfig(workers=1), **{**extra, "workload.optimizer": "adam", "workload.lr": 0.01,
                                                   "workload.batch_size": 32})

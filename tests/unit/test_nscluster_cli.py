@@ -3,7 +3,7 @@ anything (the cluster itself is tests/cluster)."""
 
 import pytest
 
-from testbed.nscluster import main
+from testbed.nscluster.cli import main
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
@@ -25,7 +25,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
 def test_bad_cpus_are_refused_before_anything_is_built(cpus, capsys, monkeypatch, tmp_path):
     """Before: `up --cpus -1` built the namespaces and wrote the token folder, then Ray's
     `ray start` failed on the value and left the folder behind."""
-    import testbed.nscluster as nscluster
+    import testbed.nscluster.cli as nscluster
 
     def built(*_args, **_kw):
         raise AssertionError("up() ran: the value reached the cluster")

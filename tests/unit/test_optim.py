@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from testbed.optim import Optimizer, OptimizerSpec, to_numpy_state
+from testbed.training.optim import Optimizer, OptimizerSpec, to_numpy_state
 
 CASES = [
     OptimizerSpec("sgd", lr=0.1),

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from testbed.optim import OptimizerSpec
 from testbed.ps.server import ShardState
 from testbed.ps.ssp import ssp_may_start, ssp_staleness_bound
+from testbed.training.optim import OptimizerSpec
 
 
 def test_push_is_applied_at_most_once():

@@ -4,9 +4,9 @@ which a synchronous version's replies go out."""
 import numpy as np
 import pytest
 
-from testbed.optim import OptimizerSpec
 from testbed.ps.partition import MiB, partition, partition_count
 from testbed.ps.server import ShardState
+from testbed.training.optim import OptimizerSpec
 
 
 @pytest.mark.parametrize(("k_mib", "p_mb", "servers", "want"), [

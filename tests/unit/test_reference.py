@@ -1,12 +1,12 @@
-"""The single-process reference (testbed.reference): what it skips and what it keeps."""
+"""The single-process reference (testbed.workloads.reference): what it skips and what it keeps."""
 
 import time
 
 import numpy as np
 
 from testbed.config import RunConfig, with_overrides
-from testbed.reference import reference_training
 from testbed.workloads import synthetic
+from testbed.workloads.reference import reference_training
 
 
 def _synthetic(compute_ms: float) -> RunConfig:

@@ -154,7 +154,7 @@ def _spec_file(tmp_path, latency="50us"):
 
 
 def _baseline_of(tmp_path, spec_path, mode="emulated", prov=PROV):
-    from testbed.sweepspec import load_spec, spec_dict
+    from testbed.sweep.spec import load_spec, spec_dict
 
     spec = spec_dict(load_spec(spec_path))
     ring = {("ring", 2): (0.5, 0.5, 0.5), ("ring", 4): (0.75, 0.75, 0.75)}
@@ -195,8 +195,8 @@ def test_allow_machine_change_accepts_a_real_baseline_of_another_machine(tmp_pat
     import argparse
 
     from testbed.analysis.provenance import provenance
-    from testbed.sweepcheck import baseline_for_check
-    from testbed.sweepspec import load_spec
+    from testbed.sweep.check import baseline_for_check
+    from testbed.sweep.spec import load_spec
 
     spec = _spec_file(tmp_path)
     path, data = _baseline_of(tmp_path, spec, mode="real", prov={**provenance(), "cpu_count": 64})

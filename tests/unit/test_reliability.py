@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from testbed.analysis.records import Recorder, UpdateRecord
 from testbed.analysis.results import OutputError, RecordLog, RunFolder, load_run, read_log
 from testbed.emulation.faults import Diverged
-from testbed.interrupts import Interrupts
-from testbed.records import Recorder, UpdateRecord
+from testbed.session.interrupts import Interrupts
 from testbed.sweep import main as sweep_main
 
 # ---------------------------------------------------------------- records
@@ -203,7 +203,7 @@ def test_a_huge_grid_at_a_terminal_needs_yes(tmp_path, capsys, monkeypatch):
 
 
 def test_each_step_names_its_workers_node_and_a_fault_asks_again():
-    from testbed.records import step_record
+    from testbed.analysis.records import step_record
 
     where = {0: "10.0.0.1", 1: "10.0.0.2"}
     asked = []
@@ -223,7 +223,7 @@ def test_each_step_names_its_workers_node_and_a_fault_asks_again():
 def test_the_sent_fault_parses_and_only_ps_workers_fire_it():
     from testbed.config import ConfigError, from_dict, validate
     from testbed.config.faults import Fault, format_faults, parse_faults
-    from testbed.registry import SPECS
+    from testbed.strategies.registry import SPECS
 
     faults = parse_faults("sent:worker=1,at=4")
     assert faults == (Fault("sent", "worker", 1, 4),) and format_faults(faults) == "sent:worker=1,at=4"

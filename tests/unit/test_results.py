@@ -14,6 +14,7 @@ import pytest
 from testbed.analysis import provenance as prov
 from testbed.analysis import results
 from testbed.analysis.metrics import summarize
+from testbed.analysis.records import Recorder, StepRecord, UpdateRecord
 from testbed.analysis.results import (
     SCHEMA_VERSION,
     TABLES,
@@ -24,7 +25,6 @@ from testbed.analysis.results import (
     write_json,
 )
 from testbed.config import RunConfig, from_dict
-from testbed.records import Recorder, StepRecord, UpdateRecord
 
 FAKE_PROVENANCE = {"git_commit": "0" * 40, "git_dirty": False, "python": "3"}
 

@@ -13,8 +13,8 @@ import pytest
 from testbed.config import ConfigError, RunConfig, default_of, leaves, validate, with_overrides
 from testbed.config.validate import strategy_keys
 from testbed.emulation.network import LinkSpec, simulate
-from testbed.registry import SPECS
-from testbed.strategy import NotModelled
+from testbed.strategies.contract import NotModelled
+from testbed.strategies.registry import SPECS
 
 K, A, B = 100e6, 1e-3, 1e9
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from testbed.config import ConfigError
-from testbed.registry import SPECS
-from testbed.sweepspec import applies, expand, flat_config, load_spec, spec_dict
+from testbed.strategies.registry import SPECS
+from testbed.sweep.spec import applies, expand, flat_config, load_spec, spec_dict
 
 BASE = """
 [base]
@@ -175,15 +175,16 @@ def test_spec_dict_is_what_the_spec_asks_for(tmp_path):
 
 
 def test_sweep_module_still_exports_the_spec_functions():
-    from testbed import sweep, sweepspec
+    from testbed import sweep
+    from testbed.sweep import spec
 
-    assert sweep.load_spec is sweepspec.load_spec and sweep.expand is sweepspec.expand
+    assert sweep.load_spec is spec.load_spec and sweep.expand is spec.expand
 
 
 def test_the_sweep_help_says_what_the_command_docstring_says():
-    from testbed import sweep, sweeprun
+    from testbed.sweep import cli, run
 
-    assert sweep.__doc__.split("\n")[0] == sweeprun.DESCRIPTION
+    assert cli.__doc__.split("\n")[0] == run.DESCRIPTION
 
 
 def test_grid_tables_give_the_union_of_their_products(tmp_path):

@@ -19,7 +19,7 @@ from testbed.gossip.topology import (
     spectral_gap,
     torus_shape,
 )
-from testbed.registry import SPECS
+from testbed.strategies.registry import SPECS
 
 K, A, B = 1e6, 1e-3, 1e9
 

@@ -1,10 +1,10 @@
-"""Tests for testbed.units: parsing tables, rejection tables, formatting."""
+"""Tests for testbed.util.units: parsing tables, rejection tables, formatting."""
 
 import math
 
 import pytest
 
-from testbed.units import (
+from testbed.util.units import (
     format_bytes,
     format_seconds,
     parse_bandwidth,

@@ -20,7 +20,7 @@ def _spec_file(tmp_path):
 
 
 def _baseline(tmp_path, spec_path, ratios):
-    from testbed.sweepspec import load_spec, spec_dict, spec_hash
+    from testbed.sweep.spec import load_spec, spec_dict, spec_hash
 
     spec = load_spec(spec_path)
     data = {"schema_version": baseline.SCHEMA_VERSION, "metric": baseline.METRIC, "mode": "emulated",

@@ -1,5 +1,5 @@
 """The scaling-curve regression commands of `python -m testbed.sweep`: --update-baseline and
---check (what they do: testbed/sweep.py's docstring; the comparison: testbed.analysis.baseline
+--check (what they do: testbed/sweep/cli.py's docstring; the comparison: testbed.analysis.baseline
 and testbed.analysis.regression). The sweep runs the points; this module decides how many
 repeats, refuses a baseline that cannot apply before Ray starts, writes the baseline, and
 compares and reports.
@@ -19,7 +19,7 @@ import pandas as pd
 
 from testbed.analysis.baseline import BASELINE_REPEATS, MIN_REPEATS
 from testbed.config import ConfigError
-from testbed.sweepspec import Spec, spec_dict, spec_hash
+from testbed.sweep.spec import Spec, spec_dict, spec_hash
 
 
 def with_repeats(spec: Spec, args: argparse.Namespace) -> Spec:

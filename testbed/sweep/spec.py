@@ -2,7 +2,7 @@
 
 Pure (no Ray): `load_spec` reads and checks the file; `expand` turns its grid into validated
 RunConfigs, one Point per combination x repeat, repeat-major. The spec format is described in
-`testbed/sweep.py`. Every problem is a one-line ConfigError naming the key and the fix.
+`testbed/sweep/cli.py`. Every problem is a one-line ConfigError naming the key and the fix.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Running a sweep: its points through the single-run code path, points.jsonl, the table, the
-figures and the checks. The command line and what it does: testbed/sweep.py, whose `main`
+figures and the checks. The command line and what it does: testbed/sweep/cli.py, whose `main`
 calls this module's once the signal handler is in place; the names users import from
 `testbed.sweep` live here."""
 
@@ -16,12 +16,12 @@ from typing import Any
 
 import pandas as pd
 
-from testbed import sweepcheck
+import testbed.sweep.check as sweepcheck
 from testbed.analysis.baseline import BASELINE_REPEATS, MIN_REPEATS
 from testbed.analysis.plots import run_tables
 from testbed.analysis.results import arrow_safe, load_table, summary_columns, write_sweep_table
 from testbed.config import ConfigError
-from testbed.sweepspec import (
+from testbed.sweep.spec import (
     SWEEP_OWNED,
     Point,
     Spec,
@@ -39,7 +39,7 @@ __all__ = ["SWEEP_OWNED", "Point", "Spec", "applies", "build_table", "config_key
            "run_tables", "spec_dict"]
 
 DEFAULT_BASELINE = "results/baselines/scaling.json"
-DESCRIPTION = "A grid of runs from a TOML spec -> one tidy table + figures. Resumable."  # testbed/sweep.py's first line
+DESCRIPTION = "A grid of runs from a TOML spec -> one tidy table + figures. Resumable."  # testbed/sweep/cli.py's first line
 
 
 # ---------------------------------------------------------------- running
@@ -68,7 +68,7 @@ def _append(path: Path, record: dict[str, Any]) -> None:
 
 def run_point(point: Point, runs_dir: Path) -> dict[str, Any]:
     """Execute one point through the single-run code path; return its points.jsonl record."""
-    from testbed.session import execute
+    from testbed.session.execute import execute
 
     attempt = 0
     while (runs_dir / f"{point.point_id}-{attempt}").exists():
@@ -184,7 +184,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from testbed import registry
+    from testbed.strategies import registry
 
     try:
         args = _parse(argv)
@@ -296,8 +296,8 @@ def _done(record: dict[str, Any] | None, sweep_dir: Path) -> bool:
 
 def _finish(spec: Spec, points: list[Point], todo: list[Point], skipped: list[dict],
             sweep_dir: Path, families: Mapping[str, str], quiet: bool, stop_on_failure: bool = False) -> int:
-    from testbed.interrupts import INTERRUPTS
     from testbed.runtime.rayprocs import stop_ray
+    from testbed.session.interrupts import INTERRUPTS
 
     started, complete = False, True
     with INTERRUPTS as interrupts:

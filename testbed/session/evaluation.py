@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from testbed.analysis.records import EvalRecord, Recorder
 from testbed.config import RunConfig, from_dict
-from testbed.records import EvalRecord, Recorder
 
 NICE = 19
 

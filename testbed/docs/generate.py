@@ -25,9 +25,9 @@ from typing import Any
 
 from testbed.analysis.keys import fill, sections
 from testbed.config import build_parser
-from testbed.registry import SPECS
+from testbed.strategies.registry import SPECS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "results" / "README.md"  # the results folder's README (record columns, summary keys)
 FRONT = ROOT / "README.md"
 FLAGS = ROOT / "docs" / "flags.md"

@@ -2,7 +2,7 @@
 
 Every synchronous strategy must reproduce these parameters step after step (allclose):
 worker r's iteration-i batch is the same (worker, iteration) batch the distributed run uses,
-the global batch is their concatenation, and one step of the run's optimizer (testbed.optim)
+the global batch is their concatenation, and one step of the run's optimizer (testbed.training.optim)
 uses its mean-loss gradient. Because every worker has the same batch size, that gradient is the
 average of the gradients of the batch's N slices, and this is how it is computed here: slice by
 slice, averaged in worker order (`mean_gradient`). Batch norm normalises each slice on its own
@@ -34,7 +34,7 @@ from dataclasses import replace
 import numpy as np
 
 from testbed.config import RunConfig
-from testbed.optim import Optimizer, mean_gradient, optimizer_for
+from testbed.training.optim import Optimizer, mean_gradient, optimizer_for
 from testbed.workloads import Workload, make_workload
 
 

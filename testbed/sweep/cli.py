@@ -38,8 +38,8 @@ failed or interrupted ones. Exit code: 0 all completed, 1 some failed, 2 bad spe
     <out>/<name>/runs.parquet    one row per run: flattened config + scalar summary metrics
     <out>/<name>/figures/        PNG + SVG from testbed.analysis.plots
 
-Spec parsing and grid expansion live in `testbed.sweepspec`; --update-baseline and --check in
-`testbed.sweepcheck`; the table's I/O in
+Spec parsing and grid expansion live in `testbed.sweep.spec`; --update-baseline and --check in
+`testbed.sweep.check`; the table's I/O in
 `testbed.analysis.results` and `testbed.analysis.plots` (`load_table` and `run_tables` are
 importable from here too).
 
@@ -60,30 +60,25 @@ machine class (unless --allow-machine-change); all of that is refused before Ray
 from __future__ import annotations
 
 import sys
-from typing import Any
 
-from testbed.interrupts import INTERRUPTS
+from testbed.session.interrupts import INTERRUPTS
 
 __all__ = ["main"]
-# What users and tests import from here, served from testbed.sweeprun on first use (PEP 562), so
+# What users and tests import from here, served from testbed.sweep.run on first use (PEP 562), so
 # that `python -m testbed.sweep` reaches its signal handler before pandas and matplotlib load.
-LIBRARY = frozenset({"SWEEP_OWNED", "Point", "Spec", "applies", "build_table", "config_keys", "expand",
-                     "flat_config", "load_spec", "load_table", "read_points", "run_point", "run_tables",
-                     "spec_dict"})
-
 EXIT_INTERRUPTED = 130
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command. Its imports (pandas, matplotlib: a second or two) load under the signal
-    policy of testbed.interrupts, as `testbed.run`'s do: a signal while they load, or before
+    policy of testbed.session.interrupts, as `testbed.run`'s do: a signal while they load, or before
     the first point runs, ends the sweep with one line and exit 130; during the points the
-    sweep saves what finished (testbed.sweeprun)."""
+    sweep saves what finished (testbed.sweep.run)."""
     started = False
     with INTERRUPTS:
         try:
             with INTERRUPTS.deferred():  # a signal here is held until the block ends, then raised
-                from testbed.sweeprun import main as run_sweep
+                from testbed.sweep.run import main as run_sweep
             started = True
             return run_sweep(argv)
         except KeyboardInterrupt:
@@ -91,15 +86,6 @@ def main(argv: list[str] | None = None) -> int:
                      if started else " before the sweep started")
             print(f"testbed.sweep: error: interrupted by {INTERRUPTS.name}{where}", file=sys.stderr)
             return EXIT_INTERRUPTED
-
-
-def __getattr__(name: str) -> Any:
-    """The library's names (`from testbed.sweep import load_table`), loaded on first use."""
-    if name in LIBRARY:
-        from testbed import sweeprun
-
-        return getattr(sweeprun, name)
-    raise AttributeError(f"module 'testbed.sweep' has no attribute {name!r}")
 
 
 if __name__ == "__main__":

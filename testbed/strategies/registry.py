@@ -13,7 +13,7 @@ from testbed.gossip.spec import GOSSIP
 from testbed.localsgd.spec import LOCAL_SGD
 from testbed.mapreduce.spec import MAPREDUCE
 from testbed.ps.spec import PS_ASYNC, PS_SYNC
-from testbed.strategy import StrategySpec
+from testbed.strategies.contract import StrategySpec
 
 SPECS: dict[str, StrategySpec] = {s.name: s for s in (
     MAPREDUCE,

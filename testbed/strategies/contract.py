@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from testbed.analysis.records import Recorder, step_record
 from testbed.config import RunConfig
-from testbed.records import Recorder, step_record
 
 
 class NotModelled(Exception):
@@ -70,7 +70,7 @@ class Equivalence:
     """A run a strategy declares equal, to float tolerance, to training in one process: `workers`
     workers with `overrides` (config keys, e.g. testbed.workloads.tiny's presets) on the small
     synthetic config of the equivalence test (tests/ray/test_equivalence.py), against
-    `testbed.reference.reference_training`, or the spec's own `reference` where it has one."""
+    `testbed.workloads.reference.reference_training`, or the spec's own `reference` where it has one."""
 
     workers: int
     overrides: Mapping[str, Any] = field(default_factory=dict)
@@ -92,7 +92,7 @@ class StrategySpec(ABC):
 
     def reference(self, cfg: RunConfig, device: str = "cpu") -> np.ndarray | None:
         """Its own single-process reference for an `Equivalence` run (flat parameters), or None
-        where that is plain SGD on the concatenated batch (testbed.reference)."""
+        where that is plain SGD on the concatenated batch (testbed.workloads.reference)."""
         return None
 
     def synchronous(self, cfg: RunConfig) -> bool:

@@ -153,7 +153,7 @@ class Recorder:
                 self._nodes = {}
         return self._nodes.get(worker)
 
-    # ---- evaluation of the authoritative model (testbed.evaluation does the work)
+    # ---- evaluation of the authoritative model (testbed.session.evaluation does the work)
     def plan_evaluation(self, every: int, last: int, evaluate: Callable[[int, Any], None]) -> None:
         """Evaluate versions 0, every, 2 every, ... and `last` (the run's final update) by calling
         `evaluate(version, params)`; every = 0: none."""

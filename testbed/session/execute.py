@@ -2,14 +2,14 @@
 
 Shared by `testbed.run` and `testbed.sweep` so that a sweep point runs exactly the code path
 of a single run. All that is strategy-specific comes from the strategy's spec
-(`testbed.registry`).
+(`testbed.strategies.registry`).
 
 Nothing measured is lost and nothing hangs:
 - every record goes to the run folder's records.jsonl the moment it arrives;
 - however the run ends, the summary is written first (from records already in memory, no Ray
   call), then the strategy's actors and Ray are stopped within a bounded time;
 - Ctrl-C, SIGTERM and SIGHUP, to the process or its group, at any moment, end it as
-  "interrupted" (exit 130; `testbed.interrupts`).
+  "interrupted" (exit 130; `testbed.session.interrupts`).
 
     status       exit  when
     completed    0     every update applied, parameters finite
@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from testbed.analysis.evals import eval_points, eval_summary
+from testbed.analysis.records import EVAL_COLUMNS, STEP_COLUMNS, UPDATE_COLUMNS, Recorder
 from testbed.analysis.results import OutputError, RunFolder, chrome_trace, new_run_id, table_frame
 from testbed.config import ConfigError, RunConfig
 from testbed.config.calibration import load_calibration
@@ -46,12 +47,11 @@ from testbed.emulation.faults import (
     ServerLost,
     not_reached,
 )
-from testbed.evaluation import Evaluator
-from testbed.interrupts import INTERRUPTS, Interrupts
-from testbed.records import EVAL_COLUMNS, STEP_COLUMNS, UPDATE_COLUMNS, Recorder
 from testbed.runtime.cluster import Cluster
 from testbed.runtime.rayprocs import RayMessages, end_ray_processes, silence_stderr
-from testbed.strategy import NotModelled, StrategySpec
+from testbed.session.evaluation import Evaluator
+from testbed.session.interrupts import INTERRUPTS, Interrupts
+from testbed.strategies.contract import NotModelled, StrategySpec
 
 SHUTDOWN_S = 60.0  # stopping the actors and Ray after a run that ended normally
 SHUTDOWN_INTERRUPTED_S = 5.0  # ... and after a signal or a failure (Ray may be half gone)
@@ -78,7 +78,7 @@ def _progress(cfg: RunConfig):
 
 def execute(cfg: RunConfig, *, run_id: str | None = None, launched: float | None = None) -> Outcome:
     """Run cfg. `launched`: when the process started (`testbed.run`), for the start-up figures."""
-    from testbed import registry
+    from testbed.strategies import registry
 
     spec = registry.SPECS[cfg.strategy]
     cluster = Cluster(cfg.cluster, workers=cfg.workers, servers=spec.servers(cfg),
@@ -135,7 +135,7 @@ def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, inte
             recorder.locate(cluster.worker_nodes, known=cluster.worker_nodes(placed))
             recorder.extra.update(cluster.facts(), actor_nodes=len(set(placed.values())))
             evaluator = Evaluator(cfg, recorder, on_result=_show_eval(bar))
-            evaluator.attach()  # held-out evaluations, off the critical path (testbed.evaluation)
+            evaluator.attach()  # held-out evaluations, off the critical path (testbed.session.evaluation)
         strategy = spec.create(cfg, cluster, run_id=run_id, workdir=str(folder.path))
         strategy.setup()
         marks["actors"] = time.time()

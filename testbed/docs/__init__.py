@@ -1,0 +1,1 @@
+"""`python -m testbed.docs`: regenerate the documentation's generated parts (generate.py)."""

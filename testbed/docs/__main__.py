@@ -1,0 +1,5 @@
+import sys
+
+from testbed.docs.generate import main
+
+sys.exit(main())

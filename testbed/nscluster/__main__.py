@@ -1,0 +1,5 @@
+import sys
+
+from testbed.nscluster.cli import main
+
+sys.exit(main())

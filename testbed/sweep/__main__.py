@@ -1,0 +1,5 @@
+import sys
+
+from testbed.sweep.cli import main
+
+sys.exit(main())
