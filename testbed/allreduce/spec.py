@@ -15,10 +15,10 @@ from testbed.allreduce.algorithms import ALGORITHMS, groups_of_size, lookup
 from testbed.allreduce.config import RingConfig
 from testbed.allreduce.ring import make_buckets
 from testbed.analysis import costmodel
+from testbed.analysis.costmodel import NotModelled
 from testbed.config import RunConfig, fail
 from testbed.strategies.contract import (
     Equivalence,
-    NotModelled,
     Prediction,
     Strategy,
     StrategySpec,

@@ -108,6 +108,10 @@ def _count(name: str, value: int, minimum: int) -> int:
     return int(value)
 
 
+class NotModelled(Exception):
+    """The cost model has no formula for this run; the message says why (kept in the summary)."""
+
+
 def _link(k: float, a: float, b: float) -> None:
     if not (math.isfinite(k) and k >= 0):
         raise ValueError(f"grad_bytes {k!r}: must be finite and >= 0; e.g. 4e8")

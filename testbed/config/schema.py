@@ -71,17 +71,37 @@ class NetworkConfig:
     calibration: str | None = opt(None, metavar="FILE", help="real network: predict with the latency and "
                                   "bandwidth measured by python -m testbed.bench network --out FILE")
 
+    def __post_init__(self) -> None:
+        # the rate and the delay as numbers, parsed once, here: the text stays what the user
+        # wrote (config.json, messages), and a text that is no rate is the user's one-line error
+        try:
+            rate = None if self.bandwidth is None else units.parse_bandwidth(self.bandwidth, flag="--bandwidth")
+            delay = units.parse_duration(self.latency, flag="--latency")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        object.__setattr__(self, "_parsed", (rate, delay))
+
     @property
     def emulated(self) -> bool:
         return self.bandwidth is not None
 
     @property
     def bandwidth_Bps(self) -> float | None:
-        return None if self.bandwidth is None else units.parse_bandwidth(self.bandwidth, flag="--bandwidth")
+        """The emulated NIC's rate, bytes/s (None: the real network)."""
+        return self._parsed[0]
 
     @property
     def latency_s(self) -> float:
-        return units.parse_duration(self.latency, flag="--latency")
+        """The emulated one-way latency, seconds."""
+        return self._parsed[1]
+
+    @property
+    def wire(self) -> tuple[float, float] | None:
+        """(bytes/s, s) the emulator actually runs at: --dilation D stretches the cluster D-fold,
+        so the link is D times slower and its latency D times longer (None: not emulated)."""
+        if self.bandwidth is None:
+            return None
+        return self._parsed[0] / self.dilation, self._parsed[1] * self.dilation
 
 
 @dataclass(frozen=True)

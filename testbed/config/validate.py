@@ -27,7 +27,6 @@ from testbed.config.schema import (
     shown,
 )
 from testbed.config.workload import APPLIES, FROM_DATA
-from testbed.util import units
 
 
 def fail(key_or_flag: str, value: Any, fix: str) -> None:
@@ -184,13 +183,7 @@ def _validate_data(cfg: RunConfig) -> None:
 
 
 def _validate_network(cfg: RunConfig) -> None:
-    n = cfg.network
-    try:
-        if n.bandwidth is not None:
-            units.parse_bandwidth(n.bandwidth, flag="--bandwidth")
-        units.parse_duration(n.latency, flag="--latency")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    n = cfg.network  # (its rate and latency were parsed when it was built)
     if n.bandwidth is None and n.latency_s > 0:
         fail("network.latency", n.latency, "emulation needs a bandwidth too; add --bandwidth, e.g. 10Gbit")
     if n.dilation != 1.0 and n.bandwidth is None:

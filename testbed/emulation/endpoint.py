@@ -24,7 +24,7 @@ class Endpoint:
     def __init__(self, net: NetworkConfig, name: str, shared: str | None = None) -> None:
         """`shared`: a file made by `Nic.create_shared` when processes of one machine share its NIC."""
         # --dilation D: the emulated cluster runs D times slower (testbed.emulation.dilation)
-        link = LinkSpec(net.bandwidth_Bps / net.dilation, net.latency_s * net.dilation) if net.emulated else None
+        link = None if net.wire is None else LinkSpec(*net.wire)
         self.nic = Nic(link, name, shared) if link is not None else None
         self.bytes_out = 0
         self.bytes_in = 0

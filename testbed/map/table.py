@@ -6,7 +6,7 @@ taken without Ray: the workload a worker builds (`make_workload`, here with one 
 tensor: the logical sizes and backward shares are the profile's whatever the payload) gives the
 tensor sizes, and the strategy's `plan` turns them into its gradient bytes and buckets. The
 prediction is then the one a run's summary carries: `predicted_step_s = compute + predict().comm_s`
-(testbed.session.predictions), on the cell's link -- the emulated (latency, bandwidth), or with
+(testbed.analysis.predict), on the cell's link -- the emulated (latency, bandwidth), or with
 --calibration the measured alpha and bandwidth of the path the configuration's messages take.
 Pure: no Ray.
 """
@@ -19,10 +19,11 @@ from typing import Any
 
 import pandas as pd
 
+from testbed.analysis.costmodel import NotModelled
 from testbed.config import ConfigError, Payload, RunConfig, validate, with_overrides
 from testbed.config.calibration import load_calibration
 from testbed.map.grid import CALIBRATED, Grid
-from testbed.strategies.contract import NotModelled, StrategySpec, Variant
+from testbed.strategies.contract import StrategySpec, Variant
 from testbed.strategies.registry import SPECS
 from testbed.util import units
 from testbed.workloads import make_workload
@@ -111,7 +112,7 @@ def _row(c: Configuration, plan: dict[str, Any] | None, n: int, latency: str, ba
     except NotModelled as exc:
         row["note"] = f"not modelled: {exc}"
         return row
-    compute = c.config.workload.compute_ms / 1000.0  # as testbed.session.predictions: --compute-ms
+    compute = c.config.workload.compute_ms / 1000.0  # as testbed.analysis.predict: --compute-ms
     row.update(compute_s=compute, predicted_comm_s=pred.comm_s, predicted_step_s=compute + pred.comm_s,
                formula=pred.formula, grad_bytes_logical=plan["grad_bytes_logical"])
     return row

@@ -30,12 +30,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from testbed.analysis import costmodel, psmodel
+from testbed.analysis.costmodel import NotModelled
 from testbed.config import RunConfig, fail
 from testbed.ps.config import PSConfig
 from testbed.ps.partition import partition_count
 from testbed.strategies.contract import (
     Equivalence,
-    NotModelled,
     Prediction,
     Strategy,
     StrategySpec,

@@ -286,8 +286,8 @@ class ParameterServer(Strategy):
             egress[name] = egress.get(name, 0.0) + s["bytes_out"] / steps
         busiest = max(ingress, key=lambda k: max(ingress[k], egress[k]))
         net = self.config.network
-        busy = (max(ingress[busiest], egress[busiest]) * steps / (net.bandwidth_Bps / net.dilation) / wall
-                if net.emulated else None)
+        busy = (max(ingress[busiest], egress[busiest]) * steps / net.wire[0] / wall
+                if net.wire is not None else None)
         return {"nic_ingress_bytes_per_step": ingress, "nic_egress_bytes_per_step": egress,
                 "bottleneck_nic": busiest, "bottleneck_busy_frac": busy}
 

@@ -35,11 +35,10 @@ from typing import Any
 import numpy as np
 
 from testbed.analysis.evals import eval_points, eval_summary
+from testbed.analysis.predict import predictions
 from testbed.analysis.records import EVAL_COLUMNS, STEP_COLUMNS, UPDATE_COLUMNS, Recorder
 from testbed.analysis.results import OutputError, RunFolder, chrome_trace, new_run_id, table_frame
 from testbed.config import ConfigError, RunConfig
-from testbed.config.calibration import load_calibration
-from testbed.emulation.dilation import advice
 from testbed.emulation.faults import (
     Diverged,
     NonFiniteGradient,
@@ -51,7 +50,7 @@ from testbed.runtime.cluster import Cluster
 from testbed.runtime.rayprocs import RayMessages, end_ray_processes, silence_stderr
 from testbed.session.evaluation import Evaluator
 from testbed.session.interrupts import INTERRUPTS, Interrupts
-from testbed.strategies.contract import NotModelled, StrategySpec
+from testbed.strategies.contract import StrategySpec
 
 SHUTDOWN_S = 60.0  # stopping the actors and Ray after a run that ended normally
 SHUTDOWN_INTERRUPTED_S = 5.0  # ... and after a signal or a failure (Ray may be half gone)
@@ -85,7 +84,8 @@ def execute(cfg: RunConfig, *, run_id: str | None = None, launched: float | None
                       torch_workers=cfg.workload.imports_torch, colocated=spec.colocated_servers(cfg),
                       gpu_exclusive=spec.cannot_share_gpu(cfg), workload=cfg.workload)
     with INTERRUPTS as interrupts:
-        return _execute(spec, cfg, cluster, run_id or new_run_id(cfg.strategy, cfg.workers), interrupts, launched)
+        return _Run(spec, cfg, cluster, run_id or new_run_id(cfg.strategy, cfg.workers), interrupts,
+                    launched).execute()
 
 
 class _Ended:
@@ -99,85 +99,121 @@ class _Ended:
         self.status, self.code, self.error, self.cause = status, code, error, cause
 
 
-def _execute(spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, interrupts: Interrupts,
-             launched: float | None) -> Outcome:
-    ended, folder, log, bar, evaluator = _Ended(), None, None, None, None
-    recorder, strategy, params, extra = Recorder(max_skipped=cfg.faults.max_skipped), None, None, {}
-    t_start = time.time()
-    marks = {"launched": launched, "session": t_start}  # start-up milestones (wall clock)
-    def stuck() -> None:  # Ray could not finish starting after a signal: save and say so, from the watchdog
-        ended.set("interrupted", 130, f"interrupted by {interrupts.name} while Ray was starting "
-                                      f"(it did not finish within {STARTUP_STUCK_S:g} s)")
-        stderr = silence_stderr()  # what Ray prints as it is cut off mid-start is not the run's
-        if log is not None:
-            finish(folder, spec, cfg, recorder, ended, None, {}, marks)
-        end_ray_processes()
-        os.write(stderr, f"testbed.run: error: {ended.error}\n".encode())
-        if folder is not None:
-            print(folder.path, flush=True)
+class _Run:
+    """One run while it executes: its cluster and strategy, its folder, record log, progress bar
+    and evaluator as they come up, the recorder, and how it ended (`ended`)."""
 
-    try:
-        with interrupts.deferred(STARTUP_STUCK_S, stuck):  # an interrupt inside ray.init would leave half a cluster
-            cluster.precheck_local()
-            cluster.start()  # before the folder: a cluster that cannot run this leaves no run behind
-            marks["ray"] = time.time()
-            try:
-                folder = RunFolder.create(cfg.out, run_id)
-            except OSError as exc:
-                raise ConfigError(f"--out {cfg.out!r}: cannot create the run folder ({exc}); pick another --out") from None
-            folder.write_config(cfg.to_dict())
-            log = folder.record_log()
-            RayMessages.to(folder.path / "ray.log")
-            bar = _progress(cfg)
-            recorder = Recorder(sink=log, on_update=(lambda _u: bar.update(1)) if bar else None,
-                                max_skipped=cfg.faults.max_skipped)
-            placed = cluster.bundle_nodes()  # asked of Ray once here, again only after a fault
-            recorder.locate(cluster.worker_nodes, known=cluster.worker_nodes(placed))
-            recorder.extra.update(cluster.facts(), actor_nodes=len(set(placed.values())))
-            evaluator = Evaluator(cfg, recorder, on_result=_show_eval(bar))
-            evaluator.attach()  # held-out evaluations, off the critical path (testbed.session.evaluation)
-        strategy = spec.create(cfg, cluster, run_id=run_id, workdir=str(folder.path))
-        strategy.setup()
-        marks["actors"] = time.time()
-        recorder.dilate(cfg.network.dilation, origin=marks["actors"])  # the emulated cluster's clock
-        strategy.run(recorder)
-        evaluator.finish(cfg.cluster.timeout_s)  # the versions still queued (the actors hold PS snapshots)
-        params = strategy.parameters()
-        extra = strategy.summary_extra()
-    except (KeyboardInterrupt, SystemExit):  # SystemExit: Ray's own SIGTERM handler, set inside ray.init
-        ended.set("interrupted", 130, f"interrupted by {interrupts.name or 'SIGTERM'}; what was measured is saved")
-    except ConfigError as exc:
-        ended.set("failed", 2, str(exc))
-    except (Diverged, NonFiniteGradient) as exc:
-        ended.set("diverged", 4, str(exc).splitlines()[0])
-    except (RestartsExhausted, ServerLost) as exc:
-        ended.set("failed", 3, str(exc))
-    except OutputError as exc:
-        ended.set("failed", 1, str(exc), exc)
-    except Exception as exc:  # noqa: BLE001 - the run fails, the records stay
-        ended.set("failed", 1, _one_line(exc))
-        if folder is not None:
-            try:
-                (folder.path / "error.txt").write_text(traceback.format_exc())
-            except OSError:
-                pass
-    finally:
-        if evaluator is not None:
-            evaluator.stop()
-        if bar is not None:
-            bar.close()
-    if ended.status == "completed":
-        _check_finite(params, recorder, ended)
-        _faults_not_reached(cfg, recorder)
-    with interrupts.shielded():  # what was measured is saved whatever arrives now
-        summary = None
-        if log is not None:
-            summary = finish(folder, spec, cfg, recorder, ended, params, recorder.summary_extras(extra), marks,
-                             evaluator)
-            log.close()
-        clean = shut_down(strategy, cluster, SHUTDOWN_S if ended.status == "completed" else SHUTDOWN_INTERRUPTED_S)
-        RayMessages.to(None)
-    return Outcome(ended.code, folder.path if folder else None, summary, ended.error, clean)
+    def __init__(self, spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, interrupts: Interrupts,
+                 launched: float | None) -> None:
+        self.spec, self.cfg, self.cluster, self.run_id, self.interrupts = spec, cfg, cluster, run_id, interrupts
+        self.ended = _Ended()
+        self.folder: RunFolder | None = None
+        self.log: Any = None
+        self.bar: Any = None
+        self.evaluator: Evaluator | None = None
+        self.strategy: Any = None
+        self.recorder = Recorder(max_skipped=cfg.faults.max_skipped)
+        self.params: Any = None
+        self.extra: dict[str, Any] = {}
+        self.marks: dict[str, float | None] = {"launched": launched, "session": time.time()}  # start-up milestones
+
+    def execute(self) -> Outcome:
+        try:
+            with self.interrupts.deferred(STARTUP_STUCK_S, self.stuck):  # an interrupt inside ray.init would leave half a cluster
+                self.start()
+            self.train()
+        except (KeyboardInterrupt, SystemExit):  # SystemExit: Ray's own SIGTERM handler, set inside ray.init
+            self.ended.set("interrupted", 130, f"interrupted by {self.interrupts.name or 'SIGTERM'}; "
+                                               "what was measured is saved")
+        except Exception as exc:  # noqa: BLE001 - the run fails or diverges, the records stay
+            self.failed(exc)
+        finally:
+            if self.evaluator is not None:
+                self.evaluator.stop()
+            if self.bar is not None:
+                self.bar.close()
+        if self.ended.status == "completed":
+            _check_finite(self.params, self.recorder, self.ended)
+            _faults_not_reached(self.cfg, self.recorder)
+        return self.save()
+
+    def start(self) -> None:
+        """Ray, then the run folder (a cluster that cannot run this leaves no run behind), the
+        record log, the progress bar, the recorder and the evaluator."""
+        cfg, cluster = self.cfg, self.cluster
+        cluster.precheck_local()
+        cluster.start()
+        self.marks["ray"] = time.time()
+        try:
+            self.folder = RunFolder.create(cfg.out, self.run_id)
+        except OSError as exc:
+            raise ConfigError(f"--out {cfg.out!r}: cannot create the run folder ({exc}); pick another --out") from None
+        self.folder.write_config(cfg.to_dict())
+        self.log = self.folder.record_log()
+        RayMessages.to(self.folder.path / "ray.log")
+        bar = self.bar = _progress(cfg)
+        self.recorder = Recorder(sink=self.log, on_update=(lambda _u: bar.update(1)) if bar else None,
+                                 max_skipped=cfg.faults.max_skipped)
+        placed = cluster.bundle_nodes()  # asked of Ray once here, again only after a fault
+        self.recorder.locate(cluster.worker_nodes, known=cluster.worker_nodes(placed))
+        self.recorder.extra.update(cluster.facts(), actor_nodes=len(set(placed.values())))
+        self.evaluator = Evaluator(cfg, self.recorder, on_result=_show_eval(bar))
+        self.evaluator.attach()  # held-out evaluations, off the critical path (testbed.session.evaluation)
+
+    def train(self) -> None:
+        cfg = self.cfg
+        self.strategy = self.spec.create(cfg, self.cluster, run_id=self.run_id, workdir=str(self.folder.path))
+        self.strategy.setup()
+        self.marks["actors"] = time.time()
+        self.recorder.dilate(cfg.network.dilation, origin=self.marks["actors"])  # the emulated cluster's clock
+        self.strategy.run(self.recorder)
+        self.evaluator.finish(cfg.cluster.timeout_s)  # the versions still queued (the actors hold PS snapshots)
+        self.params = self.strategy.parameters()
+        self.extra = self.strategy.summary_extra()
+
+    def failed(self, exc: Exception) -> None:
+        """How an error ends the run: its status, exit code and line (the module docstring's table)."""
+        if isinstance(exc, ConfigError):
+            self.ended.set("failed", 2, str(exc))
+        elif isinstance(exc, (Diverged, NonFiniteGradient)):
+            self.ended.set("diverged", 4, str(exc).splitlines()[0])
+        elif isinstance(exc, (RestartsExhausted, ServerLost)):
+            self.ended.set("failed", 3, str(exc))
+        elif isinstance(exc, OutputError):
+            self.ended.set("failed", 1, str(exc), exc)
+        else:
+            self.ended.set("failed", 1, _one_line(exc))
+            if self.folder is not None:
+                try:
+                    (self.folder.path / "error.txt").write_text(traceback.format_exc())
+                except OSError:
+                    pass
+
+    def stuck(self) -> None:
+        """Ray could not finish starting after a signal: save and say so (called from the watchdog)."""
+        self.ended.set("interrupted", 130, f"interrupted by {self.interrupts.name} while Ray was starting "
+                                           f"(it did not finish within {STARTUP_STUCK_S:g} s)")
+        stderr = silence_stderr()  # what Ray prints as it is cut off mid-start is not the run's
+        if self.log is not None:
+            finish(self.folder, self.spec, self.cfg, self.recorder, self.ended, None, {}, self.marks)
+        end_ray_processes()
+        os.write(stderr, f"testbed.run: error: {self.ended.error}\n".encode())
+        if self.folder is not None:
+            print(self.folder.path, flush=True)
+
+    def save(self) -> Outcome:
+        """The summary first, whatever arrives now, then the actors and Ray within a bounded time."""
+        with self.interrupts.shielded():
+            summary = None
+            if self.log is not None:
+                summary = finish(self.folder, self.spec, self.cfg, self.recorder, self.ended, self.params,
+                                 self.recorder.summary_extras(self.extra), self.marks, self.evaluator)
+                self.log.close()
+            completed = self.ended.status == "completed"
+            clean = shut_down(self.strategy, self.cluster, SHUTDOWN_S if completed else SHUTDOWN_INTERRUPTED_S)
+            RayMessages.to(None)
+        return Outcome(self.ended.code, self.folder.path if self.folder else None, summary, self.ended.error,
+                       clean)
 
 
 def _check_finite(params: Any, recorder: Recorder, ended: _Ended) -> None:
@@ -322,102 +358,3 @@ def tensor_count(workload: Any) -> int | None:
 
         return TENSORS
     return None
-
-
-def critical_comm_s(steps: Any, updates: Any) -> float:
-    """Median step interval minus the median of each step's slowest compute (sync strategies).
-
-    What is not the slowest worker's compute is communication (and coordination) on the
-    critical path. Medians keep the first, warm-up step from dominating short runs. It can
-    come out negative (compute that overlapped communication); it is not clamped.
-    """
-    t = np.sort(updates["t_applied"].to_numpy(dtype=float))
-    intervals = np.diff(np.concatenate([[float(steps["t_start"].min())], t]))
-    return float(np.median(intervals)) - float(slowest_compute(steps).median())
-
-
-def _network_link(spec: StrategySpec, cfg: RunConfig, nodes: int) -> tuple[tuple[float, float], str] | str:
-    """((latency s, bandwidth B/s), where they come from) for the cost model, or why there are none:
-    the emulated network's settings, or a real network's calibration for this strategy's path --
-    its inter-node link when the run's actors sit on more than one node (`nodes`): every
-    strategy's step then waits on messages that cross nodes, the slower link."""
-    net = cfg.network
-    if net.emulated:
-        return (net.latency_s, net.bandwidth_Bps), "emulated network"
-    if net.calibration is None:
-        return ("real network: its latency and bandwidth are unknown; emulate one (--bandwidth, "
-                "--latency) or measure this one (python -m testbed.bench network --out FILE, then "
-                "--calibration FILE) for the cost model's time")
-    cal = load_calibration(net.calibration)
-    path = spec.message_path(cfg)
-    if path not in cal.links:
-        return (f"calibration {net.calibration} has no '{path}' path (this run's messages take it; "
-                f"it holds {', '.join(sorted(cal.links))}); measure it with python -m testbed.bench network")
-    link, said = cal.link(path, across=nodes > 1)
-    return (link.alpha_s, link.bandwidth_Bps), said
-
-
-def slowest_compute(steps: Any) -> Any:
-    """Per iteration, the slowest worker's compute plus injected delay."""
-    return (steps["compute_s"] + steps["injected_delay_s"]).groupby(steps["iteration"]).max()
-
-
-def predictions(spec: StrategySpec, cfg: RunConfig, summary: dict[str, Any], steps: Any, updates: Any,
-                extra: dict[str, Any]) -> dict[str, Any]:
-    """The cost model beside the measurement: bytes always; time whenever the network's alpha and
-    beta are known (emulated). Where there is no prediction, `prediction_missing` says why.
-
-    A prediction is a field of the summary, never a reason to lose it: whatever the model raises
-    (a calibration file changed since the run was validated, a number the formulas refuse)
-    becomes `prediction_missing`, beside what was predicted before it."""
-    out: dict[str, Any] = {}
-    try:
-        _predict(out, spec, cfg, summary, steps, updates, extra)
-    except Exception as exc:  # noqa: BLE001 -- recorded in the summary, never raised past it
-        out["prediction_missing"] = f"the cost model failed: {type(exc).__name__}: {exc}"
-    return out
-
-
-def _predict(out: dict[str, Any], spec: StrategySpec, cfg: RunConfig, summary: dict[str, Any], steps: Any,
-             updates: Any, extra: dict[str, Any]) -> dict[str, Any]:
-    """predictions' work, filling OUT as it goes (so a failure keeps what came before it)."""
-    if not len(steps) or summary.get("step_time_mean_s") is None:
-        out["prediction_missing"] = "no model update was recorded"
-        return out
-    out["comm_s_per_step"] = (critical_comm_s(steps, updates) if spec.synchronous(cfg)
-                              else float(steps["comm_s"].mean()))
-    if "grad_bytes_logical" not in extra:
-        out["prediction_missing"] = "the strategy did not report its gradient size"
-        return out
-    out["predicted_bytes_sent_per_worker_per_step"] = spec.bytes_per_worker(cfg, extra)
-    link = _network_link(spec, cfg, extra.get("actor_nodes") or 1)
-    if isinstance(link, str):
-        out["prediction_missing"] = link
-        return out
-    (latency, bandwidth), out["prediction_source"] = link
-    try:
-        pred = spec.predict(cfg, extra, latency, bandwidth)
-    except NotModelled as exc:
-        out["prediction_missing"] = str(exc)
-        return out
-    if not cfg.workload.real_compute:
-        compute, source = cfg.workload.compute_ms / 1000.0, "--compute-ms"
-    else:  # a real model's compute is what it measured: the model explains communication
-        compute, source = float(slowest_compute(steps).median()), "measured"
-    if cfg.network.emulated:
-        # what the emulator could not hide: messages that arrived after their emulated delivery
-        late = (float(steps["late_s"].sum()) + float(extra.get("endpoint_late_s", 0.0))) / max(1, len(updates))
-        out.update({"emulation_late_s_per_update": late,
-                    "emulation_leak_frac": late / pred.comm_s if pred.comm_s > 0 else None})
-        out["emulation_fidelity"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None
-        out["fidelity_warning"] = (advice(out["comm_s_per_step"], pred.comm_s, cfg.network.dilation,
-                                          not cfg.workload.real_compute, out["emulation_leak_frac"]) if len(updates) >= 3 else None)
-    else:
-        out["calibrated_fit"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None
-    out.update({"predicted_comm_s": pred.comm_s, "predicted_step_s": compute + pred.comm_s,
-                "predicted_compute_s": compute, "predicted_compute_source": source,
-                "formula": pred.formula,
-                "predicted_comm_s_no_overlap": pred.comm_s if pred.comm_s_no_overlap is None
-                else pred.comm_s_no_overlap})
-    out["predicted_overlap_saved_s"] = out["predicted_comm_s_no_overlap"] - pred.comm_s
-    return out

@@ -33,10 +33,6 @@ from testbed.analysis.records import Recorder, step_record
 from testbed.config import RunConfig
 
 
-class NotModelled(Exception):
-    """The cost model has no formula for this run; the message says why (kept in the summary)."""
-
-
 @dataclass(frozen=True)
 class Prediction:
     """The alpha-beta model's communication time per model update, and how it was derived."""

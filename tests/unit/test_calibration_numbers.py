@@ -48,7 +48,7 @@ def _records(n=4):
 
 
 def test_a_prediction_that_raises_is_a_field_of_the_summary(tmp_path):
-    from testbed.session import execute as session
+    from testbed.analysis import predict as session
     from testbed.strategies.registry import SPECS
 
     spec = SPECS["mapreduce"]
@@ -69,7 +69,7 @@ def test_a_prediction_that_raises_is_a_field_of_the_summary(tmp_path):
 
 
 def test_a_calibration_file_changed_after_validation_costs_no_summary(tmp_path):
-    from testbed.session import execute as session
+    from testbed.analysis import predict as session
     from testbed.strategies.registry import SPECS
 
     path = _file(tmp_path, GOOD)

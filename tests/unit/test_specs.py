@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from testbed.analysis.costmodel import NotModelled
 from testbed.config import ConfigError, RunConfig, default_of, leaves, validate, with_overrides
 from testbed.config.validate import strategy_keys
 from testbed.emulation.network import LinkSpec, simulate
-from testbed.strategies.contract import NotModelled
 from testbed.strategies.registry import SPECS
 
 K, A, B = 100e6, 1e-3, 1e9
