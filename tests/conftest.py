@@ -15,6 +15,7 @@ whichever process is free, after the namespace cluster. `pytest -n 0` runs every
 process, in the same order.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,8 +25,9 @@ HERE = Path(__file__).resolve().parent
 
 
 # The Ray tier's files in two groups. Group "b" holds the reliability batch, which starts with the
-# group's first test, so "b" takes longer (2-core machine, both groups at once: b 210 s, a 190 s);
-# the process that ends "a" first runs the namespace cluster (75 s) next, the other the unit tests.
+# group's first test and runs beside it (2-core machine, both groups at once: a 240 s, b 212 s);
+# the process that ends its group first runs the namespace cluster (about 90 s) next, the other
+# the unit tests, and both share the unit tests that are left.
 RAY_GROUPS = {
     "a": ("test_algorithms", "test_bench", "test_channels", "test_cli", "test_compression_strategies",
           "test_convergence", "test_emulation", "test_equivalence", "test_fidelity", "test_gossip",
@@ -42,12 +44,41 @@ BATCH_GROUP = "b"
 
 def ray_group(item) -> str | None:
     """The group of a tests/ray item ("ray-a", "ray-b", "cluster"), None for the other tiers."""
-    path = Path(item.fspath)
+    return _ray_group(Path(item.fspath))
+
+
+def _ray_group(path: Path) -> str | None:
     if HERE / "ray" not in path.parents:
         return None
     group = next((g for g, files in RAY_GROUPS.items() if path.stem in files), None)
     assert group is not None, f"{path.name} is in no group of tests/conftest.py RAY_GROUPS: add it to one"
     return group if group == "cluster" else f"ray-{group}"
+
+
+def xdist_group(path: Path) -> str | None:
+    """The xdist group of the tests in a file: its Ray group, "cluster" for tests/cluster, else None."""
+    return "cluster" if HERE / "cluster" in path.parents else _ray_group(path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup`, the groups read from the node ids' files. xdist tells the groups apart
+    by the "@group" it appends to each item's node id, which pytest 9 no longer takes (node ids
+    are built from `Item._id`, xdist sets `_nodeid`): every test was a group of its own, so both
+    processes ran tests of both Ray groups, each with a Ray of its own, both started the
+    reliability batch, and module fixtures (the regression sweep) were set up in both. Where
+    xdist's suffix is there (pytest 8) it names the same groups."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    root = config.rootpath.resolve()
+
+    class FileGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(root / nodeid.split("::", 1)[0]) or super()._split_scope(nodeid)
+
+    return FileGroups(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -60,7 +91,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(group))
             if "own_ray" not in item.keywords:
                 item.fixturenames.insert(0, "ray_up")  # every Ray test shares the session's Ray
-        elif HERE / "cluster" in Path(item.fspath).parents:
+        elif xdist_group(Path(item.fspath)) == "cluster":
             item.add_marker(pytest.mark.xdist_group("cluster"))
     # the two-node test takes its process's Ray down: run it late, so nothing has to start it
     # again; then the namespace cluster (not at the start, beside the reliability batch: that
@@ -85,9 +116,18 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_runtest_setup(item):
     """Cases that mostly wait on processes of their own (test_reliability) start with the first
-    test of their group, in the process that runs the group, and overlap the rest of it."""
+    test of their group, in the process that runs the group, and overlap the rest of it. And the
+    groups must hold: a process of `-n 2 --dist loadgroup` that runs tests of both Ray groups
+    means the lanes broke (two Rays and two reliability batches in each process)."""
     global _batch_looked
-    if _batch_looked or ray_group(item) != f"ray-{BATCH_GROUP}":
+    group = ray_group(item)
+    if group in ("ray-a", "ray-b") and _lanes_apply(item.config):
+        _ray_groups_run.add(group)
+        if len(_ray_groups_run) > 1 and not _lanes_reported:
+            _lanes_reported.append(item.nodeid)
+            pytest.fail(f"this process ran tests of both Ray groups ({sorted(_ray_groups_run)}): xdist did "
+                        "not keep the groups of tests/conftest.py RAY_GROUPS together (pytest_xdist_make_scheduler)")
+    if _batch_looked or group != f"ray-{BATCH_GROUP}":
         return
     _batch_looked = True
     if any(Path(i.fspath).name == "test_reliability.py" for i in item.session.items):
@@ -99,6 +139,15 @@ def pytest_runtest_setup(item):
 
 
 _batch_looked = False  # the batch's group started in this process (and the batch with it, if collected)
+_ray_groups_run: set[str] = set()  # the Ray groups this process ran tests of
+_lanes_reported: list[str] = []  # the test that said the groups broke (said once)
+
+
+def _lanes_apply(config) -> bool:
+    """An xdist worker of two or more that schedules by group: it runs at most one Ray group."""
+    # (in a worker xdist sets --dist to "no" and `loadgroup` to whether it was "loadgroup")
+    return (bool(getattr(config.option, "loadgroup", False))
+            and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1)
 
 
 def pytest_sessionfinish(session, exitstatus):
