@@ -2,8 +2,13 @@
 its lower bound, for `.ci/run --lowest`: the oldest versions the bounds promise, tested."""
 
 import re
-import tomllib
+import sys
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the package supports it, this CI helper reads TOML with 3.11's module
+    sys.exit("error: .ci/run --lowest needs Python 3.11 or newer (tomllib); run it with python3.11 or newer")
 
 project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
 for req in project["dependencies"] + project["optional-dependencies"]["dev"]:

@@ -1,7 +1,7 @@
 """Benchmark the allreduce building blocks: our ring against torch's gloo, a PS and MapReduce.
 
-(`python -m testbed.bench network`: a real network's alpha and beta, testbed/bench/network.py;
-`python -m testbed.bench models`: the real models' step time, testbed/bench/models.py;
+(`python -m testbed.bench network`: a real network's alpha and beta, testbed/bench/calibrate.py;
+`python -m testbed.bench models`: the real models' step time, testbed/bench/modeltimes.py;
 `python -m testbed.bench startup`: how long a run takes to start, testbed/bench/startup.py.)
 
     python -m testbed.bench allreduce --workers 2,4,8 --sizes 4KB,256KB,4MB,64MB \\
@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.bench import gpu, models, network, startup
+from testbed.bench import calibrate, gpu, modeltimes, startup
 from testbed.config import MAX_WORKERS, ConfigError
 from testbed.util.units import format_bytes, format_seconds, parse_size
 
@@ -95,16 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     a("--out", default=None, help="also write raw samples and derived numbers to this JSON file")
     a("--device", default="cpu", help="where the buffers live: cpu, or cuda (the workers share the "
                                       "machine's GPUs; gloo reduces CUDA tensors through the host)")
-    network.add_arguments(sub)
+    calibrate.add_arguments(sub)
     gpu.add_arguments(sub)
-    models.add_arguments(sub)
+    modeltimes.add_arguments(sub)
     startup.add_arguments(sub)
     return p
 
 
 LIST_EXAMPLES = {"--workers": "2,4,8", "--cuda-workers": "1,2", "--cpu-workers": "2,4,8",
                  "--sizes": "4KB,64MB", "--paths": "channel,call", "--stages": "machine,tests",
-                 "--workloads": models.DEFAULT_WORKLOADS, "--cases": startup.DEFAULT_CASES}
+                 "--workloads": modeltimes.DEFAULT_WORKLOADS, "--cases": startup.DEFAULT_CASES}
 
 
 def _split(flag: str, text: str) -> list[str]:
@@ -164,10 +164,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if os.path.isdir(ns.out) or not os.path.isdir(parent):
             raise ConfigError(f"--out {ns.out!r}: give a file path in an existing folder, e.g. bench.json")
     if ns.command == "network":
-        network.validate(ns, _split, parse_sizes)
+        calibrate.validate(ns, _split, parse_sizes)
         return ns
     if ns.command == "models":
-        models.validate(ns, _split)
+        modeltimes.validate(ns, _split)
         return ns
     if ns.command == "startup":
         startup.validate(ns, _split)
@@ -406,8 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "network":
         return _network(ns)
     if ns.command == "models":
-        doc = models.run_models(ns)
-        return _emit(ns, doc, models.report(doc))
+        doc = modeltimes.run_models(ns)
+        return _emit(ns, doc, modeltimes.report(doc))
     if ns.command == "gpu":
         return gpu.run(ns)
     if ns.command == "startup":
@@ -440,11 +440,11 @@ def _emit(ns: argparse.Namespace, doc: dict[str, Any], text: str, wrote: str = "
 
 def _network(ns: argparse.Namespace) -> int:
     try:
-        doc = network.run_network(ns, PROG)
+        doc = calibrate.run_network(ns, PROG)
     except ConfigError as exc:
         print(f"testbed.bench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return _emit(ns, doc, network.report(doc),
+    return _emit(ns, doc, calibrate.report(doc),
                  wrote=f" (use it with python -m testbed.run --calibration {ns.out})",
                  failed=None if doc["paths"] else "no path could be fitted; see the lines above")
 

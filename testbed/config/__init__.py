@@ -8,7 +8,7 @@
     flags.py        the command line, generated from the fields
     validate.py     every rule (generic ones, and what each strategy's spec declares)
     checks.py       the field checks
-    stragglers.py faults.py compression.py payload.py items.py
+    stragglerspec.py faultspec.py compressionspec.py payload.py items.py
                     the spec-string grammars (--straggler, --fail, --compression, --payload) and types
 
 The lowest layer: it imports no other testbed package but `units`, never Ray or torch; the
@@ -16,9 +16,8 @@ strategies' sections come from their packages through the registry (`strategy_se
 `RunConfig` is saved as config.json beside every run's measurements.
 """
 
-from testbed.config.compression import CompressionSpec
+from testbed.config.compressionspec import CompressionSpec
 from testbed.config.flags import build_parser, parse_config
-from testbed.config.profiles import WORKLOADS
 from testbed.config.schema import (
     DEVICES,
     MAX_WORKERS,
@@ -44,6 +43,7 @@ from testbed.config.schema import (
     with_overrides,
 )
 from testbed.config.validate import fail, validate
+from testbed.config.workloadnames import WORKLOADS
 
 __all__ = ["DEVICES", "MAX_WORKERS", "PLACEMENTS", "WORKLOADS", "ClusterConfig", "CompressionSpec",
            "ConfigError", "EvalConfig", "FaultConfig", "Faults", "NetworkConfig", "Payload", "RunConfig",

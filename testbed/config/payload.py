@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.config.compression import short
+from testbed.config.compressionspec import short
 
 
 @dataclass(frozen=True)

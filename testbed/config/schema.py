@@ -20,12 +20,12 @@ from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any
 
 from testbed.config.checks import choice, integer, real
-from testbed.config.compression import CompressionSpec, parse_compression
-from testbed.config.faults import Faults, parse_faults_spec
+from testbed.config.compressionspec import CompressionSpec, parse_compression
+from testbed.config.faultspec import Faults, parse_faults_spec
 from testbed.config.fields import ConfigError, opt
 from testbed.config.fields import parse_fields as _parse_fields
 from testbed.config.payload import Payload
-from testbed.config.stragglers import Stragglers, parse_stragglers_spec
+from testbed.config.stragglerspec import Stragglers, parse_stragglers_spec
 from testbed.config.workload import EvalConfig, WorkloadConfig
 from testbed.util import units
 

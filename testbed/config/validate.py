@@ -16,7 +16,7 @@ from typing import Any
 
 from testbed.config.calibration import load_calibration
 from testbed.config.datafiles import probe
-from testbed.config.faults import check_faults
+from testbed.config.faultspec import check_faults
 from testbed.config.schema import (
     ConfigError,
     RunConfig,

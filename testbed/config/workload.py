@@ -14,7 +14,7 @@ from typing import Any
 from testbed.config.checks import choice, integer, real
 from testbed.config.fields import opt, parse_fields
 from testbed.config.payload import Payload, parse_payload
-from testbed.config.profiles import PROFILE, workload_check
+from testbed.config.workloadnames import PROFILE, workload_check
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 TORCH_MODELS = ("resnet", "transformer")  # the rest run without torch on the CPU

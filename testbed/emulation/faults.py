@@ -1,6 +1,6 @@
 """What injected faults do, the errors recovery is built on, and the one NaN/Inf policy.
 
-The `--fail` grammar is `testbed.config.faults`. Each fault fires once, in the actor's first
+The `--fail` grammar is `testbed.config.faultspec`. Each fault fires once, in the actor's first
 incarnation: a restarted actor does not fire it again (otherwise a kill at iteration 10 would
 kill every replacement at iteration 10 too).
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.config.faults import Fault
+from testbed.config.faultspec import Fault
 
 
 class RestartsExhausted(RuntimeError):

@@ -1,6 +1,6 @@
 """Draw straggler delays reproducibly, and stretch a worker's compute by them.
 
-The specs come from `--straggler` (`testbed.config.stragglers`). A worker iteration is slowed
+The specs come from `--straggler` (`testbed.config.stragglerspec`). A worker iteration is slowed
 in two ways that add up:
 
 * additive delays (`fixed`, `random`, `sporadic`): seconds slept before the gradient leaves;
@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from testbed.config.stragglers import (
+from testbed.config.stragglerspec import (
     FixedDelay,
     Slowdown,
     SporadicDelay,

@@ -21,7 +21,7 @@ reference does not reach it. Caveat the report repeats: the factor is measured a
 and applied at every N, and the asynchronous PS's mean staleness grows with N (about N - 1
 versions), so at large N it is an optimistic bound.
 
-Records go to accuracy.jsonl keyed by the run config, so a rerun reuses them (as checks.jsonl).
+Records go to accuracy.jsonl keyed by the run config, so a rerun reuses them (as spotchecks.jsonl).
 `kinds`, `factors` and `apply` are pure; `run` starts Ray.
 """
 
@@ -35,7 +35,7 @@ from typing import Any
 import pandas as pd
 
 from testbed.config import RunConfig, validate, with_overrides
-from testbed.map import checks
+from testbed.map import spotchecks
 from testbed.strategies.registry import SPECS
 
 ACC_WORKERS = 4  # workers of every measuring run: small enough for 2 cores, > 1 for staleness
@@ -125,8 +125,8 @@ def apply(preds: pd.DataFrame, measured: dict[str, dict[str, Any]] | None) -> pd
 def run(todo: dict[str, RunConfig], out_dir: Path, quiet: bool) -> dict[str, dict[str, Any]]:
     """Run every measuring run not yet in accuracy.jsonl; return the records by kind."""
     path = out_dir / "accuracy.jsonl"
-    done = checks.read_records(path)
-    keys = {name: checks.config_key(cfg) for name, cfg in todo.items()}
+    done = spotchecks.read_records(path)
+    keys = {name: spotchecks.config_key(cfg) for name, cfg in todo.items()}
     pending = [name for name in todo if keys[name] not in done]
     if pending:
         _run_pending(pending, todo, keys, done, path, quiet)
@@ -135,13 +135,13 @@ def run(todo: dict[str, RunConfig], out_dir: Path, quiet: bool) -> dict[str, dic
 
 def _run_pending(pending: list[str], todo: dict[str, RunConfig], keys: dict[str, str],
                  done: dict[str, dict[str, Any]], path: Path, quiet: bool) -> None:
-    checks.run_logged([(keys[name], name, lambda name=name: _measure(name, todo[name], keys[name]))
+    spotchecks.run_logged([(keys[name], name, lambda name=name: _measure(name, todo[name], keys[name]))
                        for name in pending], done, path, total=len(todo), desc="accuracy", quiet=quiet)
 
 
 def _measure(name: str, cfg: RunConfig, key: str) -> dict[str, Any]:
     """One measuring run of a kind: its samples to the target, within the samples it had."""
-    status, summary, error, folder = checks.run_one(cfg)
+    status, summary, error, folder = spotchecks.run_one(cfg)
     summary = summary or {}
     n_batch = cfg.workload.batch_size * (cfg.workers if SPECS[cfg.strategy].synchronous(cfg) else 1)
     return {"key": key, "kind": name, "strategy": cfg.strategy, "workers": cfg.workers,

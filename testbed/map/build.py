@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from testbed.config import ConfigError, RunConfig, WorkloadConfig
-from testbed.map import accuracy, checks, figure, rank, report, table
+from testbed.map import accuracy, figure, rank, report, spotchecks, table
 from testbed.map.grid import CALIBRATED, Grid
 
 RANKED_BY = ("predicted step time (compute + the cost model's communication) among the configurations "
@@ -28,7 +28,7 @@ def build(grid: Grid, out: Path, quiet: bool, command: str) -> int:
     preds = accuracy.apply(preds, measured)
     rows, cells = rank.rank(preds)
     chosen, left, todo = _plan_checks(grid, rows, cells, out)
-    records = checks.run_checks(todo, out, quiet) if todo else {}
+    records = spotchecks.run_checks(todo, out, quiet) if todo else {}
     checked = _checked(chosen, todo, records)
     rows = _merge(rows, cells, checked)
     rows.to_parquet(out / "map.parquet", index=False)
@@ -87,30 +87,30 @@ def _plan_checks(grid: Grid, rows: pd.DataFrame, cells: pd.DataFrame,
             return "the calibrated network is this machine's own: nothing to emulate"
         if cell["runner_up"] is None:
             return "fewer than two configurations ranked"
-        if int(cell["workers"]) > checks.MAX_WORKERS:
-            return f"more than {checks.MAX_WORKERS} workers, too slow to run here"
+        if int(cell["workers"]) > spotchecks.MAX_WORKERS:
+            return f"more than {spotchecks.MAX_WORKERS} workers, too slow to run here"
         ranked = rows[(rows["latency"] == cell["latency"]) & (rows["bandwidth"] == cell["bandwidth"])
                       & (rows["workers"] == cell["workers"]) & rows["rank"].notna()].sort_values(["rank", "label"])
         top = (cell["winner"], cell["runner_up"])
-        whys = {label: checks.why_not(config(cell, label)[1]) for label in top}
+        whys = {label: spotchecks.why_not(config(cell, label)[1]) for label in top}
         if not any(whys.values()):
             return top, None
         note = "; ".join(f"{label} needs {why}" for label, why in whys.items() if why)
         found = []
         for label in ranked["label"]:
-            if checks.why_not(config(cell, label)[1]) is None:
+            if spotchecks.why_not(config(cell, label)[1]) is None:
                 found.append(label)
                 if len(found) == 2:
                     return tuple(found), note
         return note
 
-    chosen, left = checks.select(cells, grid.check_cells, pairs)
+    chosen, left = spotchecks.select(cells, grid.check_cells, pairs)
     todo = []
     for _, cell in chosen.iterrows():
         for label in cell["runs"]:
             row, cfg = config(cell, label)
-            probe = checks.check_config(cfg, float(row["predicted_step_s"]), float(row["grad_bytes_logical"]), out / "runs")
-            todo.append({"key": checks.config_key(probe), "cfg": cfg, "label": label, "chosen": cell["chosen"],
+            probe = spotchecks.check_config(cfg, float(row["predicted_step_s"]), float(row["grad_bytes_logical"]), out / "runs")
+            todo.append({"key": spotchecks.config_key(probe), "cfg": cfg, "label": label, "chosen": cell["chosen"],
                          "latency": cell["latency"], "bandwidth": cell["bandwidth"], "workers": int(cell["workers"]),
                          "predicted_step_s": float(row["predicted_step_s"]),
                          "k_bytes": float(row["grad_bytes_logical"])})

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from testbed.config import CompressionSpec, NetworkConfig
-from testbed.config.faults import Fault
+from testbed.config.faultspec import Fault
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.faults import FaultPlan, NanPolicy
 from testbed.emulation.network import sleep_until

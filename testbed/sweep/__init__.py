@@ -4,7 +4,7 @@
 
     cli.py      the command line and its signal policy
     spec.py     the spec: load, validate, expand into points (pure)
-    run.py      run the points through testbed.session, resume, tables and figures
+    runner.py   run the points through testbed.session, resume, tables and figures
     check.py    compare a sweep's curves with a saved baseline
 
 The library's names (`from testbed.sweep import load_table, run_tables, main`) load on first use,
@@ -26,7 +26,7 @@ def __getattr__(name: str) -> Any:
 
         return main
     if name in LIBRARY:
-        from testbed.sweep import run
+        from testbed.sweep import runner
 
-        return getattr(run, name)
+        return getattr(runner, name)
     raise AttributeError(f"module 'testbed.sweep' has no attribute {name!r}")

@@ -64,7 +64,7 @@ import sys
 from testbed.session.interrupts import INTERRUPTS
 
 __all__ = ["main"]
-# What users and tests import from here, served from testbed.sweep.run on first use (PEP 562), so
+# What users and tests import from here, served from testbed.sweep.runner on first use (PEP 562), so
 # that `python -m testbed.sweep` reaches its signal handler before pandas and matplotlib load.
 EXIT_INTERRUPTED = 130
 
@@ -73,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     """The command. Its imports (pandas, matplotlib: a second or two) load under the signal
     policy of testbed.session.interrupts, as `testbed.run`'s do: a signal while they load, or before
     the first point runs, ends the sweep with one line and exit 130; during the points the
-    sweep saves what finished (testbed.sweep.run)."""
+    sweep saves what finished (testbed.sweep.runner)."""
     started = False
     with INTERRUPTS:
         try:
             with INTERRUPTS.deferred():  # a signal here is held until the block ends, then raised
-                from testbed.sweep.run import main as run_sweep
+                from testbed.sweep.runner import main as run_sweep
             started = True
             return run_sweep(argv)
         except KeyboardInterrupt:

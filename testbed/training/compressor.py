@@ -34,7 +34,7 @@ import math
 
 import numpy as np
 
-from testbed.config.compression import CompressionSpec, parse_compression
+from testbed.config.compressionspec import CompressionSpec, parse_compression
 
 __all__ = ["Compressor", "CompressionSpec", "pack_sparse", "parse_compression", "topk_count",
            "unpack_sparse"]

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from testbed.map import accuracy, checks
+from testbed.map import accuracy, spotchecks
 from testbed.map.__main__ import main
 
 ARGS = ["--workload", "profile:resnet50", "--workers", "2,4", "--bandwidth", "1Gbit,10Gbit",
@@ -15,7 +15,7 @@ ARGS = ["--workload", "profile:resnet50", "--workers", "2,4", "--bandwidth", "1G
 
 
 def test_a_small_map_with_one_checked_cell(tmp_path, monkeypatch):
-    monkeypatch.setattr(checks, "REAL_STEP_S", 0.3)  # a short dilated step: the test checks the path, not a timing
+    monkeypatch.setattr(spotchecks, "REAL_STEP_S", 0.3)  # a short dilated step: the test checks the path, not a timing
     out = tmp_path / "map"
     code = main([*ARGS, "--out", str(out)])
     for name in ("map.parquet", "map.md", "map.png", "map.svg", "checks.jsonl"):

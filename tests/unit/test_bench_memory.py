@@ -4,7 +4,7 @@ MemoryError: a traceback, exit 1)."""
 
 import pytest
 
-from testbed.bench import network
+from testbed.bench import calibrate
 from testbed.bench.cli import main, parse_args
 from testbed.config import ConfigError
 from testbed.runtime.cluster import local_machine
@@ -18,7 +18,7 @@ def test_a_size_beyond_memory_is_one_line_exit_2(capsys):
 
 def test_the_bound_is_the_copies_the_peers_hold():
     have = local_machine()["memory"]
-    fits = int(have // network.COPIES) // 4 * 4
+    fits = int(have // calibrate.COPIES) // 4 * 4
     parse_args(["network", "--sizes", f"4KiB,{fits}B"])
     with pytest.raises(ConfigError, match="GiB for them"):
         parse_args(["network", "--sizes", f"4KiB,{fits + 4 * 2**20}B"])

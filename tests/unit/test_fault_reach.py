@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.config.faults import check_faults, parse_faults
+from testbed.config.faultspec import check_faults, parse_faults
 from testbed.emulation.faults import not_reached
 from tests.unit.test_cli_errors import FAST_S, run_cli
 

@@ -12,7 +12,7 @@ import pytest
 
 from testbed.analysis.psmodel import byteps_optimal_comm_s
 from testbed.config import RunConfig, with_overrides
-from testbed.map import accuracy, checks, report
+from testbed.map import accuracy, report, spotchecks
 from testbed.map.grid import parse_grid
 from testbed.map.rank import CELL, rank
 from testbed.map.table import configurations, predictions, tensor_plan
@@ -163,7 +163,7 @@ def test_check_cells_are_nearest_and_farthest_from_a_crossover():
                           "margin_other": margins})
     k = 4
     hosted = {i for i, m in enumerate(margins) if m is not None and i != 1}  # the smallest margin cannot be hosted
-    chosen, left = checks.select(cells, k, _pairs_of(cells, hosted, set(), "cannot"))
+    chosen, left = spotchecks.select(cells, k, _pairs_of(cells, hosted, set(), "cannot"))
     known = sorted((margins[i], i) for i in hosted)
     near = [i for _, i in known[:k - k // 4]]
     far = [i for _, i in known[-(k // 4):]]
@@ -174,20 +174,20 @@ def test_check_cells_are_nearest_and_farthest_from_a_crossover():
 
 def _judged(summary, predicted=1.0, status="completed"):
     cfg = with_overrides(RunConfig(), strategy=next(n for n, s in SPECS.items() if s.synchronous(RunConfig(strategy=n))))
-    return checks.judge(cfg, predicted, summary, status, None)
+    return spotchecks.judge(cfg, predicted, summary, status, None)
 
 
 def test_a_check_is_ok_within_tolerance_and_off_with_its_reason_beyond():
-    inside = 1 + checks.TOLERANCE / 2
+    inside = 1 + spotchecks.TOLERANCE / 2
     ok = _judged({"step_time_p50_s": inside, "predicted_step_s": 1.0, "emulation_leak_frac": 0.0})
     assert ok["verdict"] == "ok" and ok["ratio"] == pytest.approx(inside)
-    outside = 1 + 2 * checks.TOLERANCE
+    outside = 1 + 2 * spotchecks.TOLERANCE
     off = _judged({"step_time_p50_s": outside, "predicted_step_s": 1.0, "emulation_leak_frac": 0.0})
     assert off["verdict"] == "off" and f"{outside:.2f}x" in off["reason"]
-    late = _judged({"step_time_p50_s": 1 - 2 * checks.TOLERANCE, "predicted_step_s": 1.0,
-                    "emulation_leak_frac": 2 * checks.LEAK_LIMIT})
+    late = _judged({"step_time_p50_s": 1 - 2 * spotchecks.TOLERANCE, "predicted_step_s": 1.0,
+                    "emulation_leak_frac": 2 * spotchecks.LEAK_LIMIT})
     assert late["verdict"] == "off" and "not faithful" in late["reason"]
-    assert checks.better_dilation(10.0, late) > 10.0
+    assert spotchecks.better_dilation(10.0, late) > 10.0
     failed = _judged(None, status="failed")
     assert failed["verdict"] == "off" and "failed" in failed["reason"]
     other = _judged({"step_time_p50_s": 1.0, "predicted_step_s": 1.5, "emulation_leak_frac": 0.0})
@@ -231,7 +231,7 @@ def test_bad_input_exits_2_with_one_line_before_ray(tmp_path, args, needle):
 
 
 def _pairs_of(cells, top, fill, why):
-    """pairs(cell) for checks.select from sets of worker counts: top -> the winner pair, fill ->
+    """pairs(cell) for spotchecks.select from sets of worker counts: top -> the winner pair, fill ->
     another pair with a note, anything else -> the reason."""
     def pairs(c):
         n = int(c["workers"])
@@ -250,17 +250,17 @@ def test_check_cells_fill_with_other_pairs_so_that_k_run_where_k_can():
     top, fill = {0, 2, 3}, {1, 4}
     why = "too many workers"
     k = len(top) + len(fill)
-    chosen, left = checks.select(cells, k, _pairs_of(cells, top, fill, why))
+    chosen, left = spotchecks.select(cells, k, _pairs_of(cells, top, fill, why))
     assert len(chosen) == k and set(chosen["workers"]) == top | fill
     assert left == {why: len(margins) - len(top) - len(fill)}
     filled = chosen[chosen["chosen"].str.startswith("fill")]
     assert set(filled["workers"]) == fill and all(r == ("r", "t") for r in filled["runs"])
     assert all("needs more processes" in c for c in filled["chosen"])
     # asked for fewer: the winner pairs come first, the fill only makes up a shortfall
-    few, _ = checks.select(cells, len(top), _pairs_of(cells, top, fill, why))
+    few, _ = spotchecks.select(cells, len(top), _pairs_of(cells, top, fill, why))
     assert set(few["workers"]) == top and not few["chosen"].str.startswith("fill").any()
     # asked for more than can run: every eligible cell, once
-    more, _ = checks.select(cells, len(margins) + 1, _pairs_of(cells, top, fill, why))
+    more, _ = spotchecks.select(cells, len(margins) + 1, _pairs_of(cells, top, fill, why))
     assert sorted(more["workers"]) == sorted(top | fill)
 
 
@@ -362,9 +362,9 @@ def test_an_asynchronous_check_runs_every_worker_and_measures_n_mean_intervals()
     n = 8
     name = next(s for s, spec in SPECS.items() if not spec.synchronous(RunConfig(strategy=s, workers=n)))
     cfg = with_overrides(RunConfig(), strategy=name, workers=n)
-    assert checks.check_config(cfg, 1.0, 2**30, checks.Path("/tmp")).steps == checks.STEPS * n
+    assert spotchecks.check_config(cfg, 1.0, 2**30, spotchecks.Path("/tmp")).steps == spotchecks.STEPS * n
     mean, p50 = 1.0 / n, 0.1 / n
-    judged = checks.judge(cfg, 1.0, {"step_time_p50_s": p50, "step_time_mean_s": mean}, "completed", None)
+    judged = spotchecks.judge(cfg, 1.0, {"step_time_p50_s": p50, "step_time_mean_s": mean}, "completed", None)
     assert judged["measured_step_s"] == pytest.approx(mean * n) and judged["verdict"] == "ok"
     sync = _judged({"step_time_p50_s": 1.0, "step_time_mean_s": 2.0, "predicted_step_s": 1.0})
     assert sync["measured_step_s"] == pytest.approx(1.0)

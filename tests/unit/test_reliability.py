@@ -222,7 +222,7 @@ def test_each_step_names_its_workers_node_and_a_fault_asks_again():
 
 def test_the_sent_fault_parses_and_only_ps_workers_fire_it():
     from testbed.config import ConfigError, from_dict, validate
-    from testbed.config.faults import Fault, format_faults, parse_faults
+    from testbed.config.faultspec import Fault, format_faults, parse_faults
     from testbed.strategies.registry import SPECS
 
     faults = parse_faults("sent:worker=1,at=4")

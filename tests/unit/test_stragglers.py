@@ -1,4 +1,4 @@
-"""--straggler: the grammar (testbed.config.stragglers), determinism and the delays drawn
+"""--straggler: the grammar (testbed.config.stragglerspec), determinism and the delays drawn
 (testbed.emulation.stragglers), and the stretch of a slow worker's compute."""
 
 import itertools
@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from testbed.config.stragglers import (
+from testbed.config.stragglerspec import (
     FixedDelay,
     RandomDelay,
     Slowdown,

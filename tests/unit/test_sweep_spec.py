@@ -182,9 +182,9 @@ def test_sweep_module_still_exports_the_spec_functions():
 
 
 def test_the_sweep_help_says_what_the_command_docstring_says():
-    from testbed.sweep import cli, run
+    from testbed.sweep import cli, runner
 
-    assert cli.__doc__.split("\n")[0] == run.DESCRIPTION
+    assert cli.__doc__.split("\n")[0] == runner.DESCRIPTION
 
 
 def test_grid_tables_give_the_union_of_their_products(tmp_path):

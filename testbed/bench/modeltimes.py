@@ -42,7 +42,7 @@ def add_arguments(sub: Any) -> None:
 
 
 def validate(ns: argparse.Namespace, split: Any) -> None:
-    from testbed.config.profiles import WORKLOADS
+    from testbed.config.workloadnames import WORKLOADS
 
     ns.workloads = split("--workloads", ns.workloads)
     real = [w for w in WORKLOADS if w != "synthetic"]
