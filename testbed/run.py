@@ -71,6 +71,9 @@ def _report(cfg: RunConfig, outcome: Any) -> int:
     for fault in (outcome.summary or {}).get("faults") or []:
         if fault.get("kind") == "fault-not-reached":
             print(f"testbed.run: warning: {fault['error']}", file=sys.stderr)
+    search = (outcome.summary or {}).get("dilation_search_result")
+    if search and not search.startswith("faithful"):
+        print(f"testbed.run: warning: --dilation auto: {search}", file=sys.stderr)
     if outcome.summary and outcome.summary.get("fidelity_warning"):
         print(f"testbed.run: warning: {outcome.summary['fidelity_warning']}", file=sys.stderr)
     if outcome.exit_code == 0 and outcome.summary and outcome.summary.get("eval_error"):  # else: the error above
@@ -134,6 +137,8 @@ def format_summary(s: dict[str, Any]) -> str:
                      f"{s['staleness_mean']:.2f} / {s['staleness_p95']:.1f} / {s['staleness_max']}"))
     if s.get("predicted_step_s") is not None:
         dilated = "" if s.get("dilation", 1.0) == 1.0 else f", dilation {s['dilation']:g}"
+        if s.get("dilation_search"):
+            dilated = f", dilation {s['dilation']:g} (auto, {len(s['dilation_search'])} trials)"
         ratio = "emulation_fidelity" if s.get("calibrated_fit") is None else "calibrated_fit"
         source = "" if s.get("calibrated_fit") is None else ", calibrated"
         rows.append(("comm measured / predicted",

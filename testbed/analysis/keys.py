@@ -146,6 +146,15 @@ SUMMARY = {
                                         "real per-message cost leaked into; near 0 means the emulator hid it"),
     "emulation_fidelity": ("ratio", "emulated network: `comm_s_per_step / predicted_comm_s`; 1 is a "
                                     "perfect emulation"),
+    "emulation_faithful": ("", "emulated network: true when `emulation_fidelity` is within 5% of 1 and "
+                               "`emulation_leak_frac` at most 0.5, false when not (at least 3 updates; "
+                               "null otherwise): a run that is not faithful keeps its numbers and says so here"),
+    "dilation_search": ("", "--dilation auto: one row per trial run (`dilation`, `status`, "
+                            "`emulation_fidelity`, `emulation_leak_frac`, `faithful`, `step_time_mean_s` "
+                            "as the trial reported it, `wall_s` real seconds, `run_id` under dilation-search/)"),
+    "dilation_search_result": ("", "--dilation auto: one line, why the search stopped at `dilation` "
+                                   "(faithful, the budget, or more dilation cannot help)"),
+    "dilation_search_s": ("s", "--dilation auto: real seconds the trials took (never divided by the dilation)"),
     "fidelity_warning": ("", "emulated network: one line when `emulation_fidelity` is off by more than "
                              "5% (at least 3 updates), with the fix (a --dilation that would fit; below the model, one "
                              "only when the emulator ran late: `emulation_leak_frac` above 0.5); "

@@ -18,7 +18,7 @@ import numpy as np
 from testbed.analysis.costmodel import NotModelled
 from testbed.config import RunConfig
 from testbed.config.calibration import load_calibration
-from testbed.emulation.dilation import advice
+from testbed.emulation.dilation import advice, faithful
 
 
 def critical_comm_s(steps: Any, updates: Any) -> float:
@@ -107,6 +107,8 @@ def _predict(out: dict[str, Any], spec: Any, cfg: RunConfig, summary: dict[str, 
         out.update({"emulation_late_s_per_update": late,
                     "emulation_leak_frac": late / pred.comm_s if pred.comm_s > 0 else None})
         out["emulation_fidelity"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None
+        out["emulation_faithful"] = (faithful(out["emulation_fidelity"], out["emulation_leak_frac"])
+                                     if len(updates) >= 3 else None)
         out["fidelity_warning"] = (advice(out["comm_s_per_step"], pred.comm_s, cfg.network.dilation,
                                           not cfg.workload.real_compute, out["emulation_leak_frac"]) if len(updates) >= 3 else None)
     else:

@@ -29,6 +29,25 @@ from testbed.config.stragglerspec import Stragglers, parse_stragglers_spec
 from testbed.config.workload import EvalConfig, WorkloadConfig
 from testbed.util import units
 
+AUTO = "auto"  # --dilation auto (NetworkConfig.auto_dilation)
+
+
+def parse_dilation(text: str) -> float | str:
+    """--dilation: a factor, or AUTO."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"--dilation {text!r}: use a factor >= 1, e.g. 10, or auto") from None
+
+
+def check_dilation(value: Any) -> str | None:
+    return None if value == AUTO else _FACTOR(value)
+
+
+_FACTOR = real(1, 100_000, fix="use a factor >= 1, e.g. 10, or auto")
+
 MAX_WORKERS = 4096  # far past what one Ray cluster here can place; resources are checked later
 DEVICES = ("auto", "cpu", "cuda")
 PLACEMENTS = ("pack", "spread")
@@ -64,22 +83,34 @@ class NetworkConfig:
     bandwidth: str | None = opt(None, metavar="RATE", help="emulate a network: NIC bandwidth, e.g. 10Gbit "
                                 "(default: the real network)")
     latency: str = opt("0us", metavar="TIME", help="emulated one-way latency, e.g. 50us")
-    dilation: float = opt(1.0, metavar="D", check=real(1, 100_000, fix="use a factor >= 1, e.g. 10"),
-                          help="run the emulated cluster D times slower (transfers, latency, "
-                               "synthetic compute, straggler delays) and report every time divided "
-                               "by D, so this machine's own overheads shrink D-fold (docs/emulation.md)")
+    dilation: float | str = opt(1.0, metavar="D", parse=parse_dilation, check=check_dilation,
+                                help="run the emulated cluster D times slower (transfers, latency, "
+                                     "synthetic compute, straggler delays) and report every time divided "
+                                     "by D, so this machine's own overheads shrink D-fold; auto: short "
+                                     "trial runs raise D until the run is faithful (docs/emulation.md)")
+    fidelity_budget_s: float = opt(300.0, flag="--fidelity-budget", metavar="SECONDS",
+                                   check=real(0, 86_400, low_ok=False, fix="use seconds > 0, e.g. 300"),
+                                   help="--dilation auto: the wall time its trial runs and the run itself "
+                                        "may take together")
     calibration: str | None = opt(None, metavar="FILE", help="real network: predict with the latency and "
                                   "bandwidth measured by python -m testbed.bench network --out FILE")
 
     def __post_init__(self) -> None:
         # the rate and the delay as numbers, parsed once, here: the text stays what the user
         # wrote (config.json, messages), and a text that is no rate is the user's one-line error
+        _parse_fields(self)  # --dilation: a number, or AUTO
         try:
             rate = None if self.bandwidth is None else units.parse_bandwidth(self.bandwidth, flag="--bandwidth")
             delay = units.parse_duration(self.latency, flag="--latency")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         object.__setattr__(self, "_parsed", (rate, delay))
+
+    @property
+    def auto_dilation(self) -> bool:
+        """--dilation auto: the session picks the factor (testbed.session.autodilate) and runs
+        the config with that number in its place; nothing past it sees AUTO."""
+        return self.dilation == AUTO
 
     @property
     def emulated(self) -> bool:

@@ -34,7 +34,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["FIDELITY_TOLERANCE", "LEAK_LIMIT", "Dilation", "advice", "is_duration", "is_instant", "is_rate"]
+__all__ = ["FIDELITY_TOLERANCE", "LEAK_LIMIT", "TRIAL_STEPS", "Dilation", "advice", "affordable_factor", "faithful", "is_duration",
+           "is_instant", "is_rate", "next_factor", "run_seconds", "wanted_factor"]
 
 
 def is_instant(key: str) -> bool:
@@ -134,3 +135,70 @@ def advice(measured: float, predicted: float, dilation: float, can_dilate: bool,
     better = max(2, math.ceil(dilation * (ratio - 1) / (FIDELITY_TOLERANCE / 2)))
     return (head + f": this machine's own per-message cost adds to the emulated time; rerun with "
             f"--dilation {better:g} (its emulated time then runs {better / dilation:.3g}x slower)")
+
+
+# ---------------------------------------------------------------- --dilation auto: the search
+#
+# A factor computed from one undilated run overshoots: this machine's cost per message is
+# queueing for its cores, and queues drain much faster than 1/D, so the excess at D' is far below
+# excess * D / D'. The search therefore measures as it raises D: short trial runs (TRIAL_STEPS
+# updates) at D = 1, then at D times the square root of what the trial's own advice asks
+# (between MIN_GROWTH and MAX_GROWTH times), until a trial is faithful or the next one and the run
+# would not both fit in --fidelity-budget. The run then goes at the last faithful factor, or at
+# the largest one measured, and says in its summary whether it was faithful.
+#
+#     trial  D    fidelity  leak    next
+#     1      1    3.00      0.10    1 * clamp(sqrt(1 * 2.00 / 0.025), 2, 8) = 8
+#     2      8    1.20      0.02    8 * clamp(sqrt(8 * 0.20 / 0.025 / 8), 2, 8) = 23
+#     3      23   1.01      0.01    faithful: the run goes at 23
+
+TRIAL_STEPS = 6  # updates per trial: the fidelity needs 3 (advice); the first steps warm the queues
+MIN_GROWTH, MAX_GROWTH = 2.0, 8.0
+
+
+def faithful(fidelity: float | None, leak: float | None) -> bool | None:
+    """Measured communication within FIDELITY_TOLERANCE of the model, with the emulator on time
+    (leak at most LEAK_LIMIT); None when the run could not say (no prediction, too few updates)."""
+    if fidelity is None or fidelity != fidelity:
+        return None
+    return abs(fidelity - 1) <= FIDELITY_TOLERANCE and (leak is None or leak <= LEAK_LIMIT)
+
+
+def wanted_factor(dilation: float, fidelity: float, leak: float | None) -> float:
+    """The factor `advice` would name for a run at `dilation` (the one-shot estimate)."""
+    if fidelity > 1 + FIDELITY_TOLERANCE:
+        return dilation * (fidelity - 1) / (FIDELITY_TOLERANCE / 2)
+    if leak is not None and leak > LEAK_LIMIT:
+        return dilation * leak / LEAK_LIMIT
+    return dilation
+
+
+def next_factor(dilation: float, fidelity: float, leak: float | None, ceiling: float = 100_000.0) -> float | None:
+    """The next trial's factor after an unfaithful trial at `dilation`, or None when raising D
+    cannot help (the run is below the model and its emulator was on time: a model or code
+    question, not this machine's) or the ceiling is reached."""
+    wanted = wanted_factor(dilation, fidelity, leak)
+    if wanted <= dilation or dilation >= ceiling:
+        return None
+    growth = min(MAX_GROWTH, max(MIN_GROWTH, math.sqrt(wanted / dilation)))
+    return float(min(ceiling, math.ceil(dilation * growth)))
+
+
+def run_seconds(dilation: float, steps: int, step_s: float, setup_s: float) -> float:
+    """Wall time of a run of `steps` updates at `dilation`: its start-up, then each emulated
+    step (`step_s`, as a dilated run reports it) taking `dilation` real times as long."""
+    return setup_s + steps * step_s * dilation
+
+
+def affordable_factor(wanted: float, trial_steps: int, run_steps: int, step_s: float, setup_s: float,
+                      seconds_left: float) -> float:
+    """`wanted`, or the largest whole factor at which one more trial and the run still fit in
+    `seconds_left` (each: start-up, then its steps at that factor)."""
+    def cost(d: float) -> float:
+        return run_seconds(d, trial_steps, step_s, setup_s) + run_seconds(d, run_steps, step_s, setup_s)
+
+    if cost(wanted) <= seconds_left:
+        return wanted
+    if step_s <= 0:
+        return 0.0
+    return float(math.floor((seconds_left - 2 * setup_s) / ((trial_steps + run_steps) * step_s)))

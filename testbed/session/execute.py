@@ -75,8 +75,16 @@ def _progress(cfg: RunConfig):
                 leave=False, dynamic_ncols=True)
 
 
-def execute(cfg: RunConfig, *, run_id: str | None = None, launched: float | None = None) -> Outcome:
-    """Run cfg. `launched`: when the process started (`testbed.run`), for the start-up figures."""
+def execute(cfg: RunConfig, *, run_id: str | None = None, launched: float | None = None,
+            annotate: dict[str, Any] | None = None) -> Outcome:
+    """Run cfg. `launched`: when the process started (`testbed.run`), for the start-up figures;
+    `annotate`: summary fields the caller measured about this run (the --dilation auto search).
+    A config with --dilation auto goes through the search (testbed.session.autodilate), which
+    comes back here with a number in its place."""
+    if cfg.network.auto_dilation:
+        from testbed.session.autodilate import execute_auto
+
+        return execute_auto(cfg, execute, run_id=run_id, launched=launched)
     from testbed.strategies import registry
 
     spec = registry.SPECS[cfg.strategy]
@@ -85,7 +93,7 @@ def execute(cfg: RunConfig, *, run_id: str | None = None, launched: float | None
                       gpu_exclusive=spec.cannot_share_gpu(cfg), workload=cfg.workload)
     with INTERRUPTS as interrupts:
         return _Run(spec, cfg, cluster, run_id or new_run_id(cfg.strategy, cfg.workers), interrupts,
-                    launched).execute()
+                    launched, annotate).execute()
 
 
 class _Ended:
@@ -104,8 +112,9 @@ class _Run:
     and evaluator as they come up, the recorder, and how it ended (`ended`)."""
 
     def __init__(self, spec: StrategySpec, cfg: RunConfig, cluster: Any, run_id: str, interrupts: Interrupts,
-                 launched: float | None) -> None:
+                 launched: float | None, annotate: dict[str, Any] | None = None) -> None:
         self.spec, self.cfg, self.cluster, self.run_id, self.interrupts = spec, cfg, cluster, run_id, interrupts
+        self.annotate = annotate or {}
         self.ended = _Ended()
         self.folder: RunFolder | None = None
         self.log: Any = None
@@ -207,7 +216,8 @@ class _Run:
             summary = None
             if self.log is not None:
                 summary = finish(self.folder, self.spec, self.cfg, self.recorder, self.ended, self.params,
-                                 self.recorder.summary_extras(self.extra), self.marks, self.evaluator)
+                                 {**self.recorder.summary_extras(self.extra), **self.annotate}, self.marks,
+                                 self.evaluator)
                 self.log.close()
             completed = self.ended.status == "completed"
             clean = shut_down(self.strategy, self.cluster, SHUTDOWN_S if completed else SHUTDOWN_INTERRUPTED_S)

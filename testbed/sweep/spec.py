@@ -30,14 +30,18 @@ SWEEP_OWNED = ("out", "quiet")  # the sweep sets these for every point
 
 
 def config_keys() -> dict[str, str]:
-    """Every settable spec key (dotted for sub-configs) -> its type ("int", "float", "str", "bool";
-    spec strings such as compression are "str"), "| None" when the key may be none."""
+    """Every settable spec key (dotted for sub-configs) -> its types ("int", "float", "str", "bool";
+    spec strings such as compression are "str", a number-or-word such as dilation "float | str"),
+    "| None" when the key may be none."""
     keys: dict[str, str] = {}
     for key, f in leaves():
         if key in SWEEP_OWNED:
             continue
-        kind = "str" if f.metadata.get("parse") else str(f.type).split("|")[0].strip()
-        keys[key] = kind + (" | None" if "None" in str(f.type) else "")
+        types = [t.strip() for t in str(f.type).split("|")]
+        kinds = [t for t in types if t in ("int", "float", "bool", "str")]
+        if f.metadata.get("parse"):  # a spec string is text, whatever it parses into
+            kinds = [t for t in kinds if t in ("int", "float")] + ["str"]
+        keys[key] = " | ".join(kinds or ["str"]) + (" | None" if "None" in types else "")
     return keys
 
 
@@ -165,13 +169,14 @@ def _coerce(key: str, value: Any, where: str) -> Any:
     optional = "None" in kind
     if optional and isinstance(value, str) and value.lower() == "none":
         return None
-    base = kind.split("|")[0].strip()
-    ok = {"bool": isinstance(value, bool), "str": isinstance(value, str),
-          "int": isinstance(value, int) and not isinstance(value, bool),
-          "float": isinstance(value, (int, float)) and not isinstance(value, bool)}[base]
-    if not ok:
+    bases = [k.strip() for k in kind.split("|") if k.strip() != "None"]
+    fits = {"bool": isinstance(value, bool), "str": isinstance(value, str),
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "float": isinstance(value, (int, float)) and not isinstance(value, bool)}
+    base = next((b for b in bases if fits[b]), None)
+    if base is None:
         extra = ' or "none"' if optional else ""
-        raise ConfigError(f"{where} = {value!r}: expected {base}{extra}; fix the value in the spec")
+        raise ConfigError(f"{where} = {value!r}: expected {' or '.join(bases)}{extra}; fix the value in the spec")
     return float(value) if base == "float" else value  # 4 and 4.0 give the same point id
 
 

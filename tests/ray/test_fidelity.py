@@ -3,6 +3,8 @@ speed (testbed.emulation.dilation), so this machine's own per-message cost shrin
 emulated time. At N = 32 on 2 cores a ring hop costs a few ms of real work against about 8 ms of
 emulated transfer, several times the model undilated (README, "Fidelity at scale")."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -99,3 +101,29 @@ def test_ring_at_32_workers_meets_the_model_under_dilation():
     assert s["emulation_fidelity"] == pytest.approx(1.0, abs=tol), (
         f"measured {s['comm_s_per_step']:.4f} s, model {s['predicted_comm_s']:.4f} s, "
         f"leak {s['emulation_leak_frac']:.3f}")
+
+
+def test_auto_dilation_searches_upwards_and_runs_at_the_factor_it_found(tmp_path):
+    """--dilation auto: trials at rising factors, each unfaithful but the last (or the budget ran
+    out, which the result line and the run's own `emulation_faithful` then say); the run goes at
+    the last trial's factor, its summary carries the trials, and their folders move into its own."""
+    from testbed.session.execute import execute
+
+    cfg = make_config(strategy="ring", workers=2, steps=8, out=str(tmp_path), quiet=True, **{
+        "workload.grad_mb": 0.5, "workload.compute_ms": 5.0, "network.bandwidth": "1Gbit",
+        "network.latency": "50us", "network.dilation": "auto", "network.fidelity_budget_s": 60.0})
+    outcome = execute(cfg)
+    assert outcome.exit_code == 0, outcome.error_line
+    s = outcome.summary
+    trials = s["dilation_search"]
+    factors = [t["dilation"] for t in trials]
+    assert trials and factors == sorted(set(factors)) and factors[0] == 1.0
+    assert all(t["status"] == "completed" and t["faithful"] is False for t in trials[:-1])
+    assert s["dilation"] == factors[-1] and isinstance(s["dilation"], float)
+    assert s["dilation_search_result"].startswith("faithful") == (trials[-1]["faithful"] is True)
+    assert isinstance(s["emulation_faithful"], bool)
+    search = outcome.folder / "dilation-search"
+    assert sorted(p.name for p in search.iterdir()) == sorted(t["run_id"] for t in trials)
+    assert all((search / t["run_id"] / "summary.json").exists() for t in trials)
+    assert not list(tmp_path.glob("*.dilation-search"))  # nothing left beside the run
+    assert json.loads((outcome.folder / "config.json").read_text())["config"]["network"]["dilation"] == factors[-1]

@@ -12,11 +12,18 @@ from testbed.config import NetworkConfig
 from testbed.emulation.dilation import (
     FIDELITY_TOLERANCE,
     LEAK_LIMIT,
+    MAX_GROWTH,
+    MIN_GROWTH,
     Dilation,
     advice,
+    affordable_factor,
+    faithful,
     is_duration,
     is_instant,
     is_rate,
+    next_factor,
+    run_seconds,
+    wanted_factor,
 )
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.stragglers import StragglerModel
@@ -124,3 +131,46 @@ def test_below_the_model_with_a_late_emulator_advises_the_dilation_that_absorbs_
     assert better > dilation and leak * dilation / better <= LEAK_LIMIT + 1e-12
     assert f"{leak:.2f}x" in line and "\n" not in line
     assert "--dilation" not in advice(0.92, 1.0, dilation, False, leak=leak)  # real compute: no dilation
+
+
+# ---------------------------------------------------------------- --dilation auto's policy
+
+
+def test_faithful_needs_the_fidelity_within_the_tolerance_and_the_emulator_on_time():
+    assert faithful(1.0, 0.0) and faithful(1 + FIDELITY_TOLERANCE / 2, None) and faithful(1 - FIDELITY_TOLERANCE / 2, LEAK_LIMIT)
+    assert not faithful(1 + 2 * FIDELITY_TOLERANCE, 0.0)
+    assert not faithful(1.0, 2 * LEAK_LIMIT)  # on the model by luck, with late messages reordering queues
+    assert faithful(None, 0.0) is None and faithful(float("nan"), 0.0) is None
+
+
+@pytest.mark.parametrize("dilation", [1.0, 4.0, 30.0])
+@pytest.mark.parametrize("fidelity,leak", [(3.0, 0.0), (1.3, 0.0), (1.07, 0.0), (0.8, 1.5)])
+def test_the_search_raises_the_factor_by_the_root_of_the_advice_within_its_growth_limits(dilation, fidelity, leak):
+    nxt = next_factor(dilation, fidelity, leak)
+    wanted = wanted_factor(dilation, fidelity, leak)
+    assert wanted > dilation
+    growth = min(MAX_GROWTH, max(MIN_GROWTH, math.sqrt(wanted / dilation)))
+    assert nxt == math.ceil(dilation * growth)  # never the whole advice at once: the excess falls faster than 1/D
+    assert dilation * MIN_GROWTH <= nxt <= dilation * MAX_GROWTH + 1
+
+
+def test_a_busier_machine_gets_a_factor_at_least_as_large():
+    """More excess measured at the same factor (a busier machine) never asks for less dilation."""
+    factors = [next_factor(2.0, fidelity, 0.0) for fidelity in (1.06, 1.2, 1.5, 2.0, 4.0, 10.0, 100.0)]
+    assert factors == sorted(factors) and factors[-1] > factors[0]
+
+
+def test_the_search_stops_where_more_dilation_cannot_help():
+    assert next_factor(4.0, 0.8, 0.1) is None  # below the model with the emulator on time: not this machine
+    assert next_factor(4.0, 1.5, 0.0, ceiling=4.0) is None
+    assert next_factor(4.0, 1.5, 0.0, ceiling=6.0) == 6.0
+
+
+def test_the_affordable_factor_fits_one_more_trial_and_the_run_in_the_time_left():
+    step_s, setup_s, trial, run = 0.05, 3.0, 6, 100
+    assert affordable_factor(10.0, trial, run, step_s, setup_s, 1e9) == 10.0
+    left = 60.0
+    d = affordable_factor(1000.0, trial, run, step_s, setup_s, left)
+    assert 1 <= d < 1000
+    cost = run_seconds(d, trial, step_s, setup_s) + run_seconds(d, run, step_s, setup_s)
+    assert cost <= left < run_seconds(d + 1, trial, step_s, setup_s) + run_seconds(d + 1, run, step_s, setup_s)

@@ -1,0 +1,112 @@
+"""--dilation auto: short trial runs raise the dilation until the run is faithful, then the run
+goes at that factor. The policy and its arithmetic are pure (testbed.emulation.dilation: why the
+search measures as it goes instead of trusting one run's advice, and a worked schedule).
+
+    trial     the config at factor D for TRIAL_STEPS updates (x N for asynchronous strategies),
+              quiet, without held-out evaluation or injected faults, into
+              <out>/<run id>.dilation-search/ (moved into the run's folder as dilation-search/)
+    stop      a faithful trial; a trial that says raising D cannot help; a next trial and the
+              run that would not both fit in --fidelity-budget (estimated from the trials' own
+              start-up and step times)
+    the run   at the faithful trial's factor, else at the largest factor measured; its summary
+              adds `dilation_search` (one row per trial), `dilation_search_result` (one line) and
+              `dilation_search_s`; `emulation_faithful` says, as for every emulated run, whether
+              the run itself was faithful
+
+One Ray serves the trials and the run (started here when none is up), so each trial costs its
+actors' start-up and its steps, not Ray's.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from testbed.analysis.results import new_run_id
+from testbed.config import RunConfig, with_overrides
+from testbed.config.faultspec import Faults
+from testbed.emulation.dilation import TRIAL_STEPS, affordable_factor, faithful, next_factor
+
+MIN_RAISE = 1.25  # a capped next factor below this multiple of the current one is not worth a trial
+CEILING = 100_000.0  # --dilation's own upper limit
+
+
+def execute_auto(cfg: RunConfig, execute: Callable[..., Any], *, run_id: str | None = None,
+                 launched: float | None = None) -> Any:
+    """Search a factor for cfg (its --dilation auto), then run cfg at it; the run's Outcome.
+    `execute`: testbed.session.execute.execute, which runs each trial and the run."""
+    from testbed.runtime.rayprocs import start_ray, stop_ray
+    from testbed.session.interrupts import INTERRUPTS
+
+    run_id = run_id or new_run_id(cfg.strategy, cfg.workers)
+    search_dir = Path(cfg.out) / f"{run_id}.dilation-search"
+    started = False
+    with INTERRUPTS as interrupts:
+        try:
+            try:
+                with interrupts.deferred():
+                    started = start_ray(cfg.cluster.address)
+            except Exception:  # noqa: BLE001 - the run below reports why Ray cannot start, as any run does
+                started = False
+            t0 = time.monotonic()
+            factor, trials, result, stopped = _search(cfg, search_dir, t0, execute)
+            if stopped is not None:  # interrupted during a trial: that is how the command ends
+                return stopped
+            annotate = {"dilation_search": trials, "dilation_search_result": result,
+                        "dilation_search_s": time.monotonic() - t0}
+            outcome = execute(with_overrides(cfg, **{"network.dilation": factor}), run_id=run_id,
+                              launched=launched, annotate=annotate)
+        finally:
+            with interrupts.shielded():
+                if started:
+                    stop_ray()
+    if outcome.folder is not None and search_dir.is_dir():
+        shutil.move(str(search_dir), str(outcome.folder / "dilation-search"))
+    return outcome
+
+
+def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any) -> tuple[float, list[dict[str, Any]], str, Any]:
+    """(factor for the run, trial rows, the one-line result, an interrupted trial's Outcome or None)."""
+    from testbed.strategies.registry import SPECS
+
+    per_step = 1 if SPECS[cfg.strategy].synchronous(cfg) else cfg.workers
+    trial_steps = min(cfg.steps, TRIAL_STEPS * per_step)
+    budget = cfg.network.fidelity_budget_s
+    trials: list[dict[str, Any]] = []
+    factor = 1.0
+    while True:
+        start = time.monotonic()
+        trial = with_overrides(cfg, steps=trial_steps, out=str(search_dir), quiet=True, timeline=False,
+                               **{"network.dilation": factor, "eval.every": 0, "faults.fail": Faults()})
+        outcome = execute(trial)
+        if outcome.exit_code == 130:
+            return factor, trials, "interrupted", outcome
+        s = outcome.summary or {}
+        row = {"dilation": factor, "status": s.get("status", "failed"),
+               "emulation_fidelity": s.get("emulation_fidelity"), "emulation_leak_frac": s.get("emulation_leak_frac"),
+               "step_time_mean_s": s.get("step_time_mean_s"), "wall_s": time.monotonic() - start,
+               "run_id": outcome.folder.name if outcome.folder else None}
+        row["faithful"] = faithful(row["emulation_fidelity"], row["emulation_leak_frac"])
+        trials.append(row)
+        if row["status"] != "completed":
+            return factor, trials, f"a trial at --dilation {factor:g} ended {row['status']}: {outcome.error_line}", None
+        if row["faithful"] is None:
+            return factor, trials, f"a trial at --dilation {factor:g} measured no fidelity (no prediction beside it)", None
+        if row["faithful"]:
+            return factor, trials, f"faithful at --dilation {factor:g} ({len(trials)} trials)", None
+        fid, leak = row["emulation_fidelity"], row["emulation_leak_frac"]
+        measured = f"at --dilation {factor:g} a trial measured {fid:.3g}x the model's communication"
+        nxt = next_factor(factor, fid, leak, CEILING)
+        if nxt is None:
+            return factor, trials, (f"not faithful: {measured}, and more dilation cannot help (below the "
+                                    "model with the emulator on time: compare the summary's formula with the schedule)"), None
+        step_s = float(row["step_time_mean_s"] or 0.0)
+        setup_s = max(0.0, row["wall_s"] - trial_steps * step_s * factor)
+        nxt = affordable_factor(nxt, trial_steps, cfg.steps, step_s, setup_s, budget - (time.monotonic() - t0))
+        if nxt < factor * MIN_RAISE:
+            return factor, trials, (f"not faithful: {measured}; --fidelity-budget {budget:g} s buys no larger "
+                                    "factor (raise it, or use fewer workers)"), None
+        factor = nxt
