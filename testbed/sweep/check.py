@@ -85,8 +85,10 @@ def update_baseline(spec: Spec, sweep_dir: Path, path: Path, code: int, quiet: b
 
 
 def check_sweep(spec: Spec, sweep_dir: Path, data: Mapping[str, Any], baseline_path: str | os.PathLike,
-                quiet: bool, table: pd.DataFrame | None = None) -> int:
-    """Compare the sweep's curves (or TABLE's) with DATA; write the report; 0 pass, 1 drift."""
+                quiet: bool, table: pd.DataFrame | None = None, say: bool = True) -> int:
+    """Compare the sweep's curves (or TABLE's) with DATA; write the report; 0 pass, 1 drift.
+    SAY: print the table, the failures and the report's path (False: a first look, before the
+    points run again to confirm a drift)."""
     from testbed.analysis import baseline, regression
     from testbed.analysis.provenance import provenance
 
@@ -94,13 +96,16 @@ def check_sweep(spec: Spec, sweep_dir: Path, data: Mapping[str, Any], baseline_p
     try:
         measured, late = baseline.curve_ratios(table), baseline.curve_late(table)
     except ValueError as exc:
-        print(f"testbed.sweep: error: {exc}", file=sys.stderr)
+        if say:
+            print(f"testbed.sweep: error: {exc}", file=sys.stderr)
         return 1
     rows = regression.check(measured, data, late)
     context = {"spec_name": spec.name, "spec_identity": spec_hash(spec), "repeats": spec.repeats,
                "baseline_path": str(baseline_path), "provenance": provenance(),
                "refresh": baseline.refresh(baseline_path, spec.path)}
     report = regression.write_report(sweep_dir, rows, data, context)
+    if not say:
+        return 0 if report["passed"] else 1
     if not quiet:
         print(regression.text_table(rows))
     for line in report["failures"]:

@@ -50,7 +50,9 @@ ratios, their spread and the provenance to --baseline (default results/baselines
 `testbed.analysis.baseline`, format in results/README.md). Only this flag writes a baseline.
 
 --check runs every point afresh with the spec's repeats and compares each curve with the
-baseline and the cost model (`testbed.analysis.regression`): it prints the table, writes
+baseline and the cost model (`testbed.analysis.regression`); when a point is out of its band,
+every point runs once more and the check compares the median of both (a real slowdown drifts
+twice; docs/sweeps.md). It prints the table, writes
 regression.json, regression.md and regression.png into the sweep folder, and exits 0 when every
 point is within its band, 1 on drift (or a run that failed), 2 on bad input: no baseline, a spec
 that changed since the baseline was measured, or a real-network baseline measured on another

@@ -202,6 +202,12 @@ def expand(spec: Spec, specs: Mapping[str, Any], runs_dir: str) -> tuple[list[Po
     return points, skipped
 
 
+def repeated(points: list[Point], spec: Spec) -> list[Point]:
+    """The points once more, as the repeats after the spec's (new ids: runs of their own)."""
+    return [Point(_digest(p.config, p.repeat + spec.repeats), p.repeat + spec.repeats, p.config, p.values)
+            for p in points]
+
+
 def _resolve(spec: Spec, values: dict[str, Any], specs: Mapping[str, Any],
              runs_dir: str) -> RunConfig:
     strategy = values.get("strategy", RunConfig().strategy)

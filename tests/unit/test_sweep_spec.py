@@ -209,3 +209,30 @@ def test_every_committed_spec_expands_to_valid_points(path, tmp_path):
     """What the README tells users to run parses, and every point passes the run's validation."""
     points, _ = expand(load_spec(path), SPECS, str(tmp_path))
     assert points and all(p.config.strategy in SPECS for p in points)
+
+
+@pytest.mark.parametrize("second_look", [0, 1])
+def test_check_confirms_a_drift_by_running_every_point_once_more(tmp_path, monkeypatch, capsys, second_look):
+    """--check's first look finds a drift: every point runs again as the next repeat (new ids),
+    and the exit code is the second look's (the runs and the comparison are replaced by fakes)."""
+    import argparse
+
+    from testbed.sweep import runner
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "experiments" / "regression.toml")
+    points, skipped = expand(spec, SPECS, str(tmp_path / "runs"))
+    ran, looks = [], []
+    monkeypatch.setattr(runner, "_finish", lambda _s, _all, todo, *a, **k: ran.append(list(todo)) or 0)
+
+    def look(*_a, say=True, **_k):
+        looks.append(say)
+        return 1 if len(looks) == 1 else second_look
+    monkeypatch.setattr(runner.sweepcheck, "check_sweep", look)
+    args = argparse.Namespace(update_baseline=False, check=True, quiet=True, baseline="b.json")
+    code = runner._main(args, spec, tmp_path, {}, points, skipped, reference={"ratios": {}})
+    assert code == second_look and looks == [False, True]
+    first, again = ran
+    assert [p.repeat for p in again] == [p.repeat + spec.repeats for p in first]
+    assert not {p.point_id for p in first} & {p.point_id for p in again}
+    assert [p.config for p in again] == [p.config for p in first]
+    assert "runs once more" in capsys.readouterr().err
