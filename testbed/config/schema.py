@@ -83,11 +83,13 @@ class NetworkConfig:
     bandwidth: str | None = opt(None, metavar="RATE", help="emulate a network: NIC bandwidth, e.g. 10Gbit "
                                 "(default: the real network)")
     latency: str = opt("0us", metavar="TIME", help="emulated one-way latency, e.g. 50us")
-    dilation: float | str = opt(1.0, metavar="D", parse=parse_dilation, check=check_dilation,
-                                help="run the emulated cluster D times slower (transfers, latency, "
-                                     "synthetic compute, straggler delays) and report every time divided "
-                                     "by D, so this machine's own overheads shrink D-fold; auto: short "
-                                     "trial runs raise D until the run is faithful (docs/emulation.md)")
+    dilation: float | str | None = opt(None, metavar="D|auto", parse=parse_dilation, check=check_dilation,
+                                       help="run the emulated cluster D times slower (transfers, latency, "
+                                            "synthetic compute, straggler delays) and report every time "
+                                            "divided by D, so this machine's own overheads shrink D-fold; "
+                                            "auto: short trial runs raise D until the run is faithful "
+                                            "(docs/emulation.md) (default: auto on an emulated network with "
+                                            "synthetic compute, else 1)")
     fidelity_budget_s: float = opt(300.0, flag="--fidelity-budget", metavar="SECONDS",
                                    check=real(0, 86_400, low_ok=False, fix="use seconds > 0, e.g. 300"),
                                    help="--dilation auto: the wall time its trial runs and the run itself "
@@ -105,6 +107,13 @@ class NetworkConfig:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         object.__setattr__(self, "_parsed", (rate, delay))
+
+    def resolved(self, real_compute: bool) -> NetworkConfig:
+        """--dilation left out, made explicit (testbed.config.validate does, once): auto on an
+        emulated network where every time can be stretched (synthetic compute), else 1."""
+        if self.dilation is not None:
+            return self
+        return replace(self, dilation=AUTO if self.emulated and not real_compute else 1.0)
 
     @property
     def auto_dilation(self) -> bool:

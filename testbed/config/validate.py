@@ -46,8 +46,8 @@ def strategy_keys(specs: Mapping[str, Any]) -> set[str]:
 
 
 def validate(cfg: RunConfig, specs: Mapping[str, Any]) -> RunConfig:
-    """Check every rule; return cfg, its one automatic choice made (`auto_workers_per_process`),
-    or raise ConfigError."""
+    """Check every rule; return cfg with its automatic choices made (`auto_workers_per_process`,
+    and --dilation left out: `NetworkConfig.resolved`), or raise ConfigError."""
     if cfg.strategy not in specs:
         fail("strategy", cfg.strategy, f"choose one of {', '.join(sorted(specs))}")
     spec = specs[cfg.strategy]
@@ -77,6 +77,7 @@ def validate(cfg: RunConfig, specs: Mapping[str, Any]) -> RunConfig:
     if cfg.cluster.workers_per_process is None:
         k = auto_workers_per_process(cfg, specs)
         cfg = replace(cfg, cluster=replace(cfg.cluster, workers_per_process=k))
+    cfg = replace(cfg, network=cfg.network.resolved(cfg.workload.real_compute))
     _validate_hosting(cfg, specs)
     spec.validate(cfg)
     return cfg
@@ -186,7 +187,7 @@ def _validate_network(cfg: RunConfig) -> None:
     n = cfg.network  # (its rate and latency were parsed when it was built)
     if n.bandwidth is None and n.latency_s > 0:
         fail("network.latency", n.latency, "emulation needs a bandwidth too; add --bandwidth, e.g. 10Gbit")
-    if n.dilation != 1.0 and n.bandwidth is None:
+    if n.dilation not in (None, 1.0) and n.bandwidth is None:
         fail("network.dilation", n.dilation, "dilation stretches an emulated network; add --bandwidth, "
              "e.g. 10Gbit, or drop --dilation")
     if n.calibration is not None:
@@ -197,7 +198,7 @@ def _validate_network(cfg: RunConfig) -> None:
             load_calibration(n.calibration)
         except ValueError as exc:
             fail("network.calibration", n.calibration, str(exc))
-    if n.dilation != 1.0 and cfg.workload.real_compute:
+    if n.dilation not in (None, 1.0) and cfg.workload.real_compute:
         fail("network.dilation", n.dilation, f"--workload {cfg.workload.name} computes for real and real "
              "compute cannot be slowed down; use --workload synthetic --compute-ms MS, or drop --dilation")
 

@@ -17,11 +17,13 @@ from testbed.strategies.registry import SPECS
 
 def make_config(**changes: Any) -> RunConfig:
     """A small config of the torch-free synthetic workload (a worker that imports torch costs about
-    a CPU-second more to start); tests of the real models say `workload.name` = "mlp"."""
+    a CPU-second more to start); tests of the real models say `workload.name` = "mlp". A test runs
+    at the --dilation it names, 1 unless it says (not auto, the command's default: the search is
+    tested where it is asked for)."""
     base = RunConfig(strategy="mapreduce", workers=2, steps=5, seed=3)
     base = with_overrides(base, **{"workload.batch_size": 8, "workload.lr": 0.2, "cluster.timeout_s": 60.0,
                                    "workload.name": "synthetic", "workload.grad_mb": 0.01,
-                                   "workload.compute_ms": 0.0})
+                                   "workload.compute_ms": 0.0, "network.dilation": 1.0})
     return validate(with_overrides(base, **changes), SPECS)
 
 

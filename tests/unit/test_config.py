@@ -46,13 +46,19 @@ def rejects(make, flag, value):
 
 
 def passes(cfg):
-    """Valid: returned as it is, but for the one automatic choice (--workers-per-process), and
-    validating the result again changes nothing."""
+    """Valid: returned as it is, but for the automatic choices (--workers-per-process, and
+    --dilation left out: auto where the network is emulated and the compute synthetic, else 1),
+    and validating the result again changes nothing."""
     out = validate(cfg, SPECS)
     k = out.cluster.workers_per_process
     assert isinstance(k, int) and k >= 1
     given = cfg.cluster.workers_per_process is not None
-    assert out == (cfg if given else replace(cfg, cluster=replace(cfg.cluster, workers_per_process=k)))
+    d = cfg.network.dilation
+    if d is None:
+        d = "auto" if cfg.network.emulated and not cfg.workload.real_compute else 1.0
+    assert out.network.dilation == d
+    made = replace(cfg, network=replace(cfg.network, dilation=d))
+    assert out == (made if given else replace(made, cluster=replace(cfg.cluster, workers_per_process=k)))
     assert validate(out, SPECS) == out
 
 
@@ -340,9 +346,11 @@ def test_derived_properties():
 
 def test_parse_config_defaults_equal_the_dataclass_defaults(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # default --out is relative
-    # but for the automatic --workers-per-process, resolved by validation (1 at the default 8 workers)
+    # but for the automatic choices, made by validation: --workers-per-process (1 at the default
+    # 8 workers) and --dilation (1 on the real network)
     auto = RunConfig()
-    assert parse_config([], SPECS) == replace(auto, cluster=replace(auto.cluster, workers_per_process=1))
+    assert parse_config([], SPECS) == replace(auto, cluster=replace(auto.cluster, workers_per_process=1),
+                                              network=replace(auto.network, dilation=1.0))
 
 
 def test_parse_config_maps_every_part(tmp_path):
