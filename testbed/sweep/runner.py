@@ -334,11 +334,30 @@ def _write_results(spec: Spec, points: list[Point], todo: list[Point], skipped: 
                       {"name": spec.name, "grid": list(spec.grid), "repeats": spec.repeats})
     _figures(sweep_dir)
     failed = int((table["status"] == "failed").sum()) if len(table) else 0
+    _warn_unfaithful(table)
     if not quiet:
         print(f"{spec.name}: {len(table)} runs ({len(table) - failed} completed, {failed} failed), "
               f"{len(points) - len(todo)} reused, {len(skipped)} skipped as duplicates")
     print(sweep_dir)
     return 130 if not complete else (1 if failed else 0)
+
+
+def _warn_unfaithful(table: pd.DataFrame) -> None:
+    """One line naming the runs whose emulation was not faithful (`emulation_faithful` false:
+    communication off the model by more than 5%, or the emulator late): their numbers are in the
+    table, and what they say about the emulated cluster is unresolved on this machine."""
+    if "emulation_faithful" not in table.columns:
+        return
+    off = table[table["emulation_faithful"].eq(False)]
+    if off.empty:
+        return
+    labels = [f"{r.strategy} N={r.workers} #{r.repeat}" for r in off.itertuples()]
+    shown = ", ".join(labels[:5]) + (f" and {len(labels) - 5} more" if len(labels) > 5 else "")
+    print(f"testbed.sweep: warning: {len(off)} of {len(table)} runs were not faithful ({shown}): their "
+          "emulated times carry this machine's own cost (emulation_faithful false in runs.parquet); give "
+          "them network.dilation = \"auto\" (the default when left out) and a larger "
+          "network.fidelity_budget_s, or rerun on a quieter machine",
+          file=sys.stderr)
 
 
 def _figures(sweep_dir: Path) -> None:

@@ -202,3 +202,19 @@ def test_allow_machine_change_accepts_a_real_baseline_of_another_machine(tmp_pat
     path, data = _baseline_of(tmp_path, spec, mode="real", prov={**provenance(), "cpu_count": 64})
     args = argparse.Namespace(baseline=str(path), spec=str(spec), allow_machine_change=True)
     assert baseline_for_check(load_spec(spec), args)["mode"] == "real"
+
+
+def test_off_the_model_within_what_the_emulator_received_late_passes_and_is_named():
+    """Lateness moves a ratio off the model as it moves it off the baseline: a point beyond the
+    model's tolerance but within it plus the late share passes as unresolved; beyond both fails."""
+    data = {"ratios": {"ring": {"2": 1.0, "8": 2.0}}, "band": {"ring": {"2": 0.05, "8": 0.05}},
+            "model_ratios": {"ring": {"2": 1.0, "8": 1.75}}}
+    tol = regression.MODEL_TOLERANCE
+    measured = {"ring": {"2": 1.0, "8": 1.75 * (1 + tol + 0.04)}}  # on the baseline, off the model
+    data["ratios"]["ring"]["8"] = measured["ring"]["8"]
+    late = {"ring": {"2": 0.0, "8": 0.01}}
+    assert [r.verdict for r in regression.check(measured, data, late)] == ["ok", "off model"]
+    late["ring"]["8"] = 0.05
+    rows = regression.check(measured, data, late)
+    assert regression.passed(rows) and rows[1].unresolved and not rows[0].unresolved
+    assert "cost model 1.75" in rows[1].message() and "could not resolve it" in rows[1].message()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from testbed.config import ConfigError
@@ -237,3 +238,16 @@ def test_check_confirms_a_drift_by_running_every_point_once_more(tmp_path, monke
     assert not {p.point_id for p in first} & {p.point_id for p in again}
     assert [p.config for p in again] == [p.config for p in first]
     assert "runs once more" in capsys.readouterr().err
+
+
+def test_a_sweep_names_the_runs_that_were_not_faithful(capsys):
+    from testbed.sweep import runner
+
+    table = pd.DataFrame({"strategy": ["ring", "ring", "mapreduce"], "workers": [2, 8, 2],
+                          "repeat": [0, 0, 0], "emulation_faithful": [True, False, None]})
+    runner._warn_unfaithful(table)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "1 of 3 runs were not faithful (ring N=8 #0)" in err
+    runner._warn_unfaithful(table.assign(emulation_faithful=True))
+    runner._warn_unfaithful(table.drop(columns="emulation_faithful"))  # a real network
+    assert capsys.readouterr().err == ""
