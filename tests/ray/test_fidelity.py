@@ -4,6 +4,8 @@ emulated time. At N = 32 on 2 cores a ring hop costs a few ms of real work again
 emulated transfer, several times the model undilated (README, "Fidelity at scale")."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -103,17 +105,25 @@ def test_ring_at_32_workers_meets_the_model_under_dilation():
         f"leak {s['emulation_leak_frac']:.3f}")
 
 
-def test_auto_dilation_searches_upwards_and_runs_at_the_factor_it_found(tmp_path):
-    """--dilation auto: trials at rising factors, each unfaithful but the last (or the budget ran
-    out, which the result line and the run's own `emulation_faithful` then say); the run goes at
-    the last trial's factor, its summary carries the trials, and their folders move into its own."""
+def _auto(tmp_path, name: str, budget_s: float = 60.0):
+    """The search and the run of one small ring with --dilation auto, through execute."""
     from testbed.session.execute import execute
 
-    cfg = make_config(strategy="ring", workers=2, steps=8, out=str(tmp_path), quiet=True, **{
+    cfg = make_config(strategy="ring", workers=2, steps=6, out=str(tmp_path / name), quiet=True, **{
         "workload.grad_mb": 0.5, "workload.compute_ms": 5.0, "network.bandwidth": "1Gbit",
-        "network.latency": "50us", "network.dilation": "auto", "network.fidelity_budget_s": 60.0})
+        "network.latency": "50us", "network.dilation": "auto", "network.fidelity_budget_s": budget_s})
     outcome = execute(cfg)
     assert outcome.exit_code == 0, outcome.error_line
+    return outcome
+
+
+def test_auto_dilation_searches_upwards_and_a_busier_machine_gets_a_larger_factor(tmp_path):
+    """--dilation auto: trials at rising factors, each unfaithful but the last (or the budget ran
+    out, which the result line and the run's own `emulation_faithful` then say); the run goes at
+    the last trial's factor, its summary carries the trials, and their folders move into its own.
+    Then the same search beside four CPU hogs: its first trial measures more excess (the hogs
+    take most of the cores) and the factor it picks is at least as large."""
+    outcome = _auto(tmp_path, "idle")
     s = outcome.summary
     trials = s["dilation_search"]
     factors = [t["dilation"] for t in trials]
@@ -125,5 +135,28 @@ def test_auto_dilation_searches_upwards_and_runs_at_the_factor_it_found(tmp_path
     search = outcome.folder / "dilation-search"
     assert sorted(p.name for p in search.iterdir()) == sorted(t["run_id"] for t in trials)
     assert all((search / t["run_id"] / "summary.json").exists() for t in trials)
-    assert not list(tmp_path.glob("*.dilation-search"))  # nothing left beside the run
+    assert not list((tmp_path / "idle").glob("*.dilation-search"))  # nothing left beside the run
     assert json.loads((outcome.folder / "config.json").read_text())["config"]["network"]["dilation"] == factors[-1]
+
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+    try:
+        busy = _auto(tmp_path, "busy").summary
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    first = trials[0], busy["dilation_search"][0]
+    excess = [abs(t["emulation_fidelity"] - 1) + t["emulation_leak_frac"] for t in first]
+    assert excess[1] > excess[0], first
+    assert busy["dilation"] >= s["dilation"], (factors, [t["dilation"] for t in busy["dilation_search"]])
+
+
+def test_a_run_the_budget_cannot_make_faithful_says_so_in_its_summary(tmp_path):
+    """A budget that buys no second trial: the run goes at the only factor measured (1, where
+    this ring's per-hop cost is several times its 0.5 MB transfer) and ends completed, with its
+    numbers and `emulation_faithful` false, and the search's result says why."""
+    s = _auto(tmp_path, "short", budget_s=0.5).summary
+    assert s["status"] == "completed" and s["dilation"] == 1.0 and len(s["dilation_search"]) == 1
+    assert s["emulation_faithful"] is False and s["dilation_search"][0]["faithful"] is False
+    assert s["dilation_search_result"].startswith("not faithful") and "--fidelity-budget 0.5" in s["dilation_search_result"]
+    assert s["step_time_mean_s"] > 0 and s["comm_s_per_step"] > 0
