@@ -109,7 +109,7 @@ def _predict(out: dict[str, Any], spec: Any, cfg: RunConfig, summary: dict[str, 
         out["emulation_fidelity"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None
         out["emulation_faithful"] = (faithful(out["emulation_fidelity"], out["emulation_leak_frac"])
                                      if len(updates) >= 3 else None)
-        out["fidelity_warning"] = (advice(out["comm_s_per_step"], pred.comm_s, cfg.network.dilation,
+        out["fidelity_warning"] = (advice(out["comm_s_per_step"], pred.comm_s, cfg.network.factor,
                                           not cfg.workload.real_compute, out["emulation_leak_frac"]) if len(updates) >= 3 else None)
     else:
         out["calibrated_fit"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None

@@ -116,6 +116,16 @@ class NetworkConfig:
         return replace(self, dilation=AUTO if self.emulated and not real_compute else 1.0)
 
     @property
+    def factor(self) -> float:
+        """The dilation the run goes at: a number (validation resolved the default, and the
+        --dilation auto search put its factor in place); 1 in a config built in code and never
+        validated, whose network is then the real one or undilated."""
+        if self.dilation == AUTO:
+            raise ValueError("--dilation auto is resolved by the session's search "
+                             "(testbed.session.autodilate) before anything runs")
+        return 1.0 if self.dilation is None else float(self.dilation)
+
+    @property
     def auto_dilation(self) -> bool:
         """--dilation auto: the session picks the factor (testbed.session.autodilate) and runs
         the config with that number in its place; nothing past it sees AUTO."""
@@ -141,7 +151,7 @@ class NetworkConfig:
         so the link is D times slower and its latency D times longer (None: not emulated)."""
         if self.bandwidth is None:
             return None
-        return self._parsed[0] / self.dilation, self._parsed[1] * self.dilation
+        return self._parsed[0] / self.factor, self._parsed[1] * self.factor
 
 
 @dataclass(frozen=True)

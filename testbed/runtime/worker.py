@@ -62,7 +62,7 @@ class WorkerBase:
         self.config, self.rank, self.device = config, rank, device
         if config.workload.imports_torch(device):
             limit_threads(cpus)
-        dilation = config.network.dilation  # synthetic compute and delays run D times slower
+        dilation = config.network.factor  # synthetic compute and delays run D times slower
         self.workload = make_workload(
             replace(config.workload, compute_ms=config.workload.compute_ms * dilation),
             seed=config.seed, workers=config.workers, device=device

@@ -174,7 +174,7 @@ class _Run:
         self.strategy = self.spec.create(cfg, self.cluster, run_id=self.run_id, workdir=str(self.folder.path))
         self.strategy.setup()
         self.marks["actors"] = time.time()
-        self.recorder.dilate(cfg.network.dilation, origin=self.marks["actors"])  # the emulated cluster's clock
+        self.recorder.dilate(cfg.network.factor, origin=self.marks["actors"])  # the emulated cluster's clock
         self.strategy.run(self.recorder)
         self.evaluator.finish(cfg.cluster.timeout_s)  # the versions still queued (the actors hold PS snapshots)
         self.params = self.strategy.parameters()
@@ -348,7 +348,7 @@ def summarize_run(spec: StrategySpec, cfg: RunConfig, steps: Any, updates: Any, 
     summary = summarize(steps, updates, strategy=cfg.strategy, workers=cfg.workers, status=status)
     summary["workload"] = cfg.workload.name
     summary["tensors"] = tensor_count(cfg.workload)
-    summary["dilation"] = cfg.network.dilation
+    summary["dilation"] = cfg.network.factor
     nodes = steps["node"].dropna() if "node" in steps else ()  # (run folders before the column)
     summary["worker_nodes"] = int(nodes.nunique()) if len(nodes) else None
     summary.update(predictions(spec, cfg, summary, steps, updates, extra))

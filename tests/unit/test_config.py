@@ -390,3 +390,15 @@ def test_parse_config_bad_argv_raises_config_error(tmp_path, argv, needle):
         parse_config([*argv, "--out", str(tmp_path)], SPECS)
     assert needle in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_the_factor_a_run_goes_at_is_a_number_once_resolved():
+    """Validation resolves a left-out --dilation; a config built in code and never validated
+    runs undilated; auto has no factor until the session's search puts one in its place."""
+    assert RunConfig().network.factor == 1.0
+    emulated = {"network.bandwidth": "1Gbit", "workload.name": "synthetic"}
+    assert validate(with_overrides(RunConfig(), **emulated), SPECS).network.dilation == "auto"
+    with pytest.raises(ValueError, match="resolved by the session"):
+        _ = validate(with_overrides(RunConfig(), **emulated), SPECS).network.factor
+    cfg = validate(with_overrides(RunConfig(), **emulated, **{"network.dilation": 4.0}), SPECS)
+    assert cfg.network.factor == 4.0 and cfg.network.wire == (1e9 / 8 / 4, 0.0)
