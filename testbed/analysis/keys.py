@@ -151,10 +151,12 @@ SUMMARY = {
                                "null otherwise): a run that is not faithful keeps its numbers and says so here"),
     "dilation_search": ("", "--dilation auto: one row per trial run (`dilation`, `status`, "
                             "`emulation_fidelity`, `emulation_leak_frac`, `faithful`, `step_time_mean_s` "
-                            "as the trial reported it, `wall_s` real seconds, `run_id` under dilation-search/)"),
+                            "as the trial reported it, `wall_s` real seconds, `run_id` under dilation-search/, or "
+                            "this run's own where the faithful trial was the whole run)"),
     "dilation_search_result": ("", "--dilation auto: one line, why the search stopped at `dilation` "
                                    "(faithful, the budget, or more dilation cannot help)"),
-    "dilation_search_s": ("s", "--dilation auto: real seconds the trials took (never divided by the dilation)"),
+    "dilation_search_s": ("s", "--dilation auto: real seconds the trials took, a trial that was the "
+                              "whole run included (never divided by the dilation)"),
     "fidelity_warning": ("", "emulated network: one line when `emulation_fidelity` is off by more than "
                              "5% (at least 3 updates), with the fix (a --dilation that would fit; below the model, one "
                              "only when the emulator ran late: `emulation_leak_frac` above 0.5); "

@@ -4,7 +4,10 @@ search measures as it goes instead of trusting one run's advice, and a worked sc
 
     trial     the config at factor D for TRIAL_STEPS updates (x N for asynchronous strategies),
               quiet, without held-out evaluation or injected faults, into
-              <out>/<run id>.dilation-search/ (moved into the run's folder as dilation-search/)
+              <out>/<run id>.dilation-search/ (moved into the run's folder as dilation-search/);
+              a run no longer than a trial and without --fail is tried whole (its own steps,
+              evaluation and timeline), so its faithful trial *is* the run: that folder becomes
+              the run's, and the run is not repeated (the search's last row names it)
     stop      a faithful trial; a trial that says raising D cannot help; a next trial and the
               run that would not both fit in --fidelity-budget (estimated from the trials' own
               start-up and step times)
@@ -19,13 +22,15 @@ actors' start-up and its steps, not Ray's.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from testbed.analysis.results import new_run_id
+from testbed.analysis.results import new_run_id, write_json
 from testbed.config import RunConfig, with_overrides
 from testbed.config.faultspec import Faults
 from testbed.emulation.dilation import TRIAL_STEPS, affordable_factor, faithful, next_factor
@@ -52,13 +57,17 @@ def execute_auto(cfg: RunConfig, execute: Callable[..., Any], *, run_id: str | N
             except Exception:  # noqa: BLE001 - the run below reports why Ray cannot start, as any run does
                 started = False
             t0 = time.monotonic()
-            factor, trials, result, stopped = _search(cfg, search_dir, t0, execute)
-            if stopped is not None:  # interrupted during a trial: that is how the command ends
-                return stopped
+            factor, trials, result, last = _search(cfg, search_dir, t0, execute)
+            if last is not None and last.exit_code == 130:  # interrupted during a trial: the command ends
+                return last
             annotate = {"dilation_search": trials, "dilation_search_result": result,
                         "dilation_search_s": time.monotonic() - t0}
-            outcome = execute(with_overrides(cfg, **{"network.dilation": factor}), run_id=run_id,
-                              launched=launched, annotate=annotate)
+            if last is not None:  # the faithful trial ran the whole run: it is the run
+                with interrupts.shielded():
+                    outcome = _promote(last, with_overrides(cfg, **{"network.dilation": factor}), run_id, annotate)
+            else:
+                outcome = execute(with_overrides(cfg, **{"network.dilation": factor}), run_id=run_id,
+                                  launched=launched, annotate=annotate)
         finally:
             with interrupts.shielded():
                 if started:
@@ -68,19 +77,38 @@ def execute_auto(cfg: RunConfig, execute: Callable[..., Any], *, run_id: str | N
     return outcome
 
 
+def _promote(trial: Any, cfg: RunConfig, run_id: str, annotate: dict[str, Any]) -> Any:
+    """The faithful whole-run trial becomes the run: its folder moves to <out>/<run_id>, its
+    config.json says the run's config (cfg, at the factor found), its summary gains the search."""
+    folder = Path(cfg.out) / run_id
+    shutil.move(str(trial.folder), str(folder))
+    annotate["dilation_search"][-1]["run_id"] = run_id
+    saved = json.loads((folder / "config.json").read_text())
+    write_json(folder / "config.json", {**saved, "config": cfg.to_dict()})
+    summary = {**json.loads((folder / "summary.json").read_text()), **annotate, "run_id": run_id}
+    write_json(folder / "summary.json", summary)
+    shown = {**(trial.summary or {}), **annotate, "run_id": run_id}
+    return dataclasses.replace(trial, folder=folder, summary=shown)
+
+
 def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any) -> tuple[float, list[dict[str, Any]], str, Any]:
-    """(factor for the run, trial rows, the one-line result, an interrupted trial's Outcome or None)."""
+    """(factor for the run, trial rows, the one-line result, Outcome or None): the Outcome of an
+    interrupted trial, or of a faithful trial that ran the whole run (it is the run)."""
     from testbed.strategies.registry import SPECS
 
     per_step = 1 if SPECS[cfg.strategy].synchronous(cfg) else cfg.workers
+    whole = cfg.steps <= TRIAL_STEPS * per_step and not cfg.faults.fail.items
     trial_steps = min(cfg.steps, TRIAL_STEPS * per_step)
     budget = cfg.network.fidelity_budget_s
     trials: list[dict[str, Any]] = []
     factor = 1.0
     while True:
         start = time.monotonic()
-        trial = with_overrides(cfg, steps=trial_steps, out=str(search_dir), quiet=True, timeline=False,
-                               **{"network.dilation": factor, "eval.every": 0, "faults.fail": Faults()})
+        if whole:  # the run itself, quiet: if faithful, it is the run
+            trial = with_overrides(cfg, out=str(search_dir), quiet=True, **{"network.dilation": factor})
+        else:
+            trial = with_overrides(cfg, steps=trial_steps, out=str(search_dir), quiet=True, timeline=False,
+                                   **{"network.dilation": factor, "eval.every": 0, "faults.fail": Faults()})
         outcome = execute(trial)
         if outcome.exit_code == 130:
             return factor, trials, "interrupted", outcome
@@ -96,7 +124,10 @@ def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any) -> tuple[
         if row["faithful"] is None:
             return factor, trials, f"a trial at --dilation {factor:g} measured no fidelity (no prediction beside it)", None
         if row["faithful"]:
-            return factor, trials, f"faithful at --dilation {factor:g} ({len(trials)} trials)", None
+            said = f"faithful at --dilation {factor:g} ({len(trials)} trials"
+            if whole:
+                return factor, trials, said + ", the last of them the run)", outcome
+            return factor, trials, said + ")", None
         fid, leak = row["emulation_fidelity"], row["emulation_leak_frac"]
         measured = f"at --dilation {factor:g} a trial measured {fid:.3g}x the model's communication"
         nxt = next_factor(factor, fid, leak, CEILING)

@@ -105,11 +105,11 @@ def test_ring_at_32_workers_meets_the_model_under_dilation():
         f"leak {s['emulation_leak_frac']:.3f}")
 
 
-def _auto(tmp_path, name: str, budget_s: float = 60.0):
+def _auto(tmp_path, name: str, budget_s: float = 60.0, steps: int = 6):
     """The search and the run of one small ring with --dilation auto, through execute."""
     from testbed.session.execute import execute
 
-    cfg = make_config(strategy="ring", workers=2, steps=6, out=str(tmp_path / name), quiet=True, **{
+    cfg = make_config(strategy="ring", workers=2, steps=steps, out=str(tmp_path / name), quiet=True, **{
         "workload.grad_mb": 0.5, "workload.compute_ms": 5.0, "network.bandwidth": "1Gbit",
         "network.latency": "50us", "network.dilation": "auto", "network.fidelity_budget_s": budget_s})
     outcome = execute(cfg)
@@ -121,7 +121,8 @@ def test_auto_dilation_searches_upwards_and_a_busier_machine_gets_a_larger_facto
     """--dilation auto: trials at rising factors, each unfaithful but the last (or the budget ran
     out, which the result line and the run's own `emulation_faithful` then say); the run goes at
     the last trial's factor, its summary carries the trials, and their folders move into its own.
-    Then the same search beside four CPU hogs: its first trial measures more excess (the hogs
+    This run is no longer than a trial, so each trial is the whole run and the faithful one is
+    the run itself (its folder, renamed; not run again). Then the same search beside four CPU hogs: its first trial measures more excess (the hogs
     take most of the cores) and the factor it picks is at least as large."""
     outcome = _auto(tmp_path, "idle")
     s = outcome.summary
@@ -132,11 +133,19 @@ def test_auto_dilation_searches_upwards_and_a_busier_machine_gets_a_larger_facto
     assert s["dilation"] == factors[-1] and isinstance(s["dilation"], float)
     assert s["dilation_search_result"].startswith("faithful") == (trials[-1]["faithful"] is True)
     assert isinstance(s["emulation_faithful"], bool)
+    promoted = trials[-1]["faithful"] is True
+    assert s["dilation_search_result"].endswith("the last of them the run)") == promoted
+    assert trials[-1]["run_id"] == s["run_id"] == outcome.folder.name if promoted else trials[-1]["run_id"] != s["run_id"]
+    before = trials[:-1] if promoted else trials
     search = outcome.folder / "dilation-search"
-    assert sorted(p.name for p in search.iterdir()) == sorted(t["run_id"] for t in trials)
-    assert all((search / t["run_id"] / "summary.json").exists() for t in trials)
-    assert not list((tmp_path / "idle").glob("*.dilation-search"))  # nothing left beside the run
-    assert json.loads((outcome.folder / "config.json").read_text())["config"]["network"]["dilation"] == factors[-1]
+    assert sorted(p.name for p in search.iterdir()) == sorted(t["run_id"] for t in before)
+    assert all((search / t["run_id"] / "summary.json").exists() for t in before)
+    assert [p.name for p in (tmp_path / "idle").iterdir()] == [outcome.folder.name]  # nothing beside the run
+    saved = json.loads((outcome.folder / "summary.json").read_text())
+    assert saved["run_id"] == outcome.folder.name and saved["dilation_search"] == trials
+    config = json.loads((outcome.folder / "config.json").read_text())["config"]
+    assert config["network"]["dilation"] == factors[-1] and config["out"] == str(tmp_path / "idle")
+    assert s["steps"] == 6
 
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
     try:
@@ -155,8 +164,9 @@ def test_a_run_the_budget_cannot_make_faithful_says_so_in_its_summary(tmp_path):
     """A budget that buys no second trial: the run goes at the only factor measured (1, where
     this ring's per-hop cost is several times its 0.5 MB transfer) and ends completed, with its
     numbers and `emulation_faithful` false, and the search's result says why."""
-    s = _auto(tmp_path, "short", budget_s=0.5).summary
+    s = _auto(tmp_path, "short", budget_s=0.5, steps=8).summary  # longer than a trial: run after it
     assert s["status"] == "completed" and s["dilation"] == 1.0 and len(s["dilation_search"]) == 1
     assert s["emulation_faithful"] is False and s["dilation_search"][0]["faithful"] is False
     assert s["dilation_search_result"].startswith("not faithful") and "--fidelity-budget 0.5" in s["dilation_search_result"]
-    assert s["step_time_mean_s"] > 0 and s["comm_s_per_step"] > 0
+    assert s["step_time_mean_s"] > 0 and s["comm_s_per_step"] > 0 and s["steps"] == 8
+    assert s["dilation_search"][0]["run_id"] != s["run_id"]
