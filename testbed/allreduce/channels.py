@@ -1,13 +1,19 @@
-"""Neighbour links over Ray shared-memory channels: the object-store ring's data path.
+"""Neighbour links of the object-store ring: shared memory between two processes, the ring's
+data path.
 
 Why not one actor call per chunk: a Ray actor call costs about 1-2 ms of CPU on the 2-core
 reference machine (task submission, gRPC, a hand-off between the receiver's threads), so a
-4 KB ring step with 8 peers cost ~5-8 ms. A Ray channel is one *mutable* object in the
-object store, created once per link: every message is written into the same shared-memory
-buffer and read in place. On one node a message is a memcpy plus a semaphore hand-off, no
-RPC; across nodes Ray pushes the buffer to the reader's node. `python -m testbed.bench
-allreduce` measures both paths (ring-objstore, ring-calls); here a 4 KiB hop takes ~70 us
-instead of ~1 ms.
+4 KB ring step with 8 peers cost ~5-8 ms. A link is created once per neighbour pair instead,
+and every message is written into the same buffer and read in place:
+
+- both ends on one node: a `Segment`, a file in /dev/shm that both processes map. A message is
+  a header and a memcpy; no Ray call, no serializer (Ray's shared-memory `Channel` does the
+  same job with its object layer, `get_objects` and deserialisation, on every read).
+- across nodes: a Ray `Channel` (one *mutable* object in the object store; Ray pushes the
+  buffer to the reader's node).
+
+`python -m testbed.bench allreduce` measures this path (ring-objstore) beside one actor call per
+chunk (ring-calls) and gloo.
 
 One link = one writer -> one reader, depth one:
 
@@ -17,37 +23,40 @@ One link = one writer -> one reader, depth one:
       3. write a wake byte                --[ FIFO "wake" ]---->   3. ack at once (small) or
                                           <--[ FIFO "ack" ]-----      at the next send/recv (large)
 
-- Messages: a chunk up to SMALL_BYTES travels as one bytes object (header + raw data): Ray
-  writes bytes without its serializer (~20 us saved per message) and the reader gets a
-  private copy, so the buffer is free the moment it is read. A larger chunk travels as a
-  (tag, departure, array) tuple and the reader gets the array zero-copy; that view pins the
-  buffer. Contract: drop every view of a received chunk before the next `send` or `recv` on
-  the link (`collectives.py` deletes them each step) -- the ack says so to the writer, and
-  it is sent before this peer waits for anything, so no cycle of waits can form around the
-  ring.
-- Waiting: Ray's own blocking read and write spin on a core; with 8 peers on 2 cores the
-  spinners would steal the CPU the working peers need. So the channel is only ever tried
-  with timeout=0, and the waits happen in the kernel: one FIFO byte per message ("wake",
-  writer -> reader) and one per release ("ack", reader -> writer), taken one for one, so
-  the channel operation after a taken byte succeeds at its first try. Both FIFOs exist only
-  when writer and reader share a node; otherwise (and if a try still fails) the wait polls:
-  yield the core (sched_yield) for SPIN_S, then sleep with exponential backoff capped at
-  MAX_SLEEP_S. Every wait checks the abort flag (recovery: `StepAborted`) and the deadline
-  (a dead or hung peer: `RemoteTimeout`) at least every CHECK_S.
+- Messages: a chunk up to SMALL_BYTES is copied out by the reader, so the buffer is free the
+  moment it is read. A larger one is read zero-copy, and that view pins the buffer. Contract:
+  drop every view of a received chunk before the next `send` or `recv` on the link
+  (`collectives.py` deletes them each step) -- the ack says so to the writer, and it is sent
+  before this peer waits for anything, so no cycle of waits can form around the ring. On a
+  channel (across nodes) a small chunk travels as one bytes object (header + raw data), which
+  Ray writes without its serializer, a large one as a (tag, departure, array) tuple.
+- Waiting happens in the kernel: one FIFO byte per message ("wake", writer -> reader) and one
+  per release ("ack", reader -> writer), taken one for one, so the buffer operation after a
+  taken byte always finds its change. Ray's own blocking channel read and write spin on a core
+  (with 8 peers on 2 cores the spinners would steal the CPU the working peers need), so a
+  channel (across nodes, no FIFOs) is only ever tried with timeout=0 and polled: yield the core
+  (sched_yield) for SPIN_S, then sleep with exponential backoff capped at MAX_SLEEP_S. Every
+  wait checks the abort flag (recovery: `StepAborted`) and the deadline (a dead or hung peer:
+  `RemoteTimeout`) at least every CHECK_S.
 - The message carries its tag; a receiver that gets another tag than its schedule expects
   raises at once instead of adding the wrong chunk.
-- A channel grows when a larger message comes (Ray re-creates the buffer and tells the reader
-  through the old one); that rare write waits in Ray's own blocking call.
+- A message larger than the buffer: a segment moves to a new one twice its size (the old one
+  carries the new one's name for that message); a channel is re-created by Ray, which tells the
+  reader through the old one (that rare write waits in Ray's own blocking call).
 - Recovery rebuilds every link (`peer.wire_ring`), so nothing of an aborted attempt is read.
+- Names in /dev/shm and the FIFOs' in the temporary folder live only until the reader attaches
+  (or the writer closes a link nobody attached).
 
 `Channel` is Ray's alpha-stability API (ray.experimental.channel); only this module touches it.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import select
+import struct
 import tempfile
 import threading
 import time
@@ -91,6 +100,89 @@ class Signal:
     def close(self) -> None:
         """Close our side; remove the name if the other side never attached."""
         os.close(self.fd)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+class Segment:
+    """A shared-memory buffer for one link whose two ends share a node: a file in /dev/shm
+    (tmpfs; the temporary folder where there is none), mapped by both processes. The writer
+    creates it, the reader `attach`es it and removes the name, as with a `Signal`.
+
+    One message at a time (the link's depth one; the signals order every access):
+
+        offset 0    u32 header length h, u32 data length d
+        offset 8    the header: pickled (tag, departure, dtype, shape, moved-to)
+        offset 8+h  d bytes of the chunk
+
+    A message that does not fit goes into a new, larger segment; the old one carries only a
+    header whose moved-to names it, so the reader maps the new one, reads the message there
+    and drops the old: one wake per message still.
+    """
+
+    FRAME = struct.Struct("<II")
+
+    def __init__(self, capacity: int) -> None:
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        self.path = os.path.join(folder, f"testbed-link-{uuid.uuid4().hex}")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, capacity)
+            self.buf = mmap.mmap(fd, capacity)
+        finally:
+            os.close(fd)
+        self.capacity = capacity
+
+    @classmethod
+    def attach(cls, path: str, capacity: int) -> Segment:
+        seg = cls.__new__(cls)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            seg.buf = mmap.mmap(fd, capacity)
+        finally:
+            os.close(fd)
+        os.unlink(path)  # both sides have it mapped: the name is no longer needed
+        seg.path, seg.capacity = path, capacity
+        return seg
+
+    def write(self, tag: Any, departure: float | None, chunk: np.ndarray, moved: tuple[str, int] | None = None) -> bool:
+        """Put one message (or, with `moved`, only the pointer to the next segment); False when
+        the chunk does not fit."""
+        data = np.ascontiguousarray(chunk)
+        head = pickle.dumps((tag, departure, data.dtype.str, data.shape, moved), protocol=pickle.HIGHEST_PROTOCOL)
+        d = 0 if moved else data.nbytes
+        if self.FRAME.size + len(head) + d > self.capacity:
+            return False
+        self.FRAME.pack_into(self.buf, 0, len(head), d)
+        at = self.FRAME.size + len(head)
+        self.buf[self.FRAME.size:at] = head
+        if d:
+            np.frombuffer(self.buf, np.uint8, d, at)[:] = data.reshape(-1).view(np.uint8)
+        return True
+
+    def read(self) -> tuple[Any, float | None, np.ndarray, bool, tuple[str, int] | None]:
+        """(tag, departure, chunk, pinned, moved-to) of the message there: a chunk up to
+        SMALL_BYTES is copied out; a larger one is a view of the buffer (pinned: it holds the
+        buffer until dropped)."""
+        h, d = self.FRAME.unpack_from(self.buf, 0)
+        at = self.FRAME.size + h
+        tag, departure, dtype, shape, moved = pickle.loads(self.buf[self.FRAME.size:at])
+        if moved:
+            return tag, departure, np.empty(0), False, moved
+        view = np.frombuffer(self.buf, np.uint8, d, at)
+        pinned = d > SMALL_BYTES
+        chunk = (view if pinned else view.copy()).view(dtype).reshape(shape)
+        return tag, departure, chunk, pinned, None
+
+    def close(self) -> None:
+        """Unmap (unless a received view still pins it: then when that view goes) and remove
+        the name if the reader never attached."""
+        try:
+            self.buf.close()
+        except BufferError:  # a zero-copy chunk still points into it; it unmaps with the last view
+            pass
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -141,21 +233,33 @@ class Outgoing:
     """
 
     def __init__(self, reader: Any, reader_node: str, nbytes: int) -> None:
-        from ray.experimental.channel.shared_memory_channel import Channel
-
-        me = ray.get_runtime_context().current_actor
-        self.channel = Channel(me, [(reader, reader_node)], max(MIN_BYTES, int(nbytes) + HEADROOM))
+        capacity = max(MIN_BYTES, int(nbytes) + HEADROOM)
+        self.channel: Any = None
+        self.segment: Segment | None = None
         self.signals: tuple[Signal, Signal] | None = None
         if reader_node == ray.get_runtime_context().get_node_id():
+            self.segment = Segment(capacity)
             self.signals = (Signal(), Signal())
+        else:
+            from ray.experimental.channel.shared_memory_channel import Channel
 
-    def reader_end(self) -> tuple[Any, tuple[str, str] | None]:
-        return self.channel, None if self.signals is None else (self.signals[0].path, self.signals[1].path)
+            me = ray.get_runtime_context().current_actor
+            self.channel = Channel(me, [(reader, reader_node)], capacity)
+
+    def reader_end(self) -> tuple[Any, Any]:
+        """("shm", (segment path, capacity, wake path, ack path)) on one node; else (the Ray
+        channel, None)."""
+        if self.segment is not None:
+            return "shm", (self.segment.path, self.segment.capacity, self.signals[0].path, self.signals[1].path)
+        return self.channel, None
 
     def close(self) -> None:
         for signal in self.signals or ():
             signal.close()
         self.signals = None
+        if self.segment is not None:
+            self.segment.close()
+            self.segment = None
 
 
 def encode(tag: Any, departure: float | None, chunk: np.ndarray) -> Any:
@@ -254,9 +358,17 @@ class Link:
         self._closed = False
         self.aborted = lambda: self._closed or aborted()  # a closed link stops its waiters too
         self.out_slot = out if isinstance(out, Slot) else None
-        self.in_slot = SLOTS.pop(left[1]) if left[0] == "slot" else None
+        named = isinstance(left[0], str)  # ("slot", key) or ("shm", ...); else a Ray channel
+        self.in_slot = SLOTS.pop(left[1]) if named and left[0] == "slot" else None
+        self._outgoing = None if self.out_slot else out
         self.out = None if self.out_slot else out.channel
-        self.inp, paths = (None, None) if self.in_slot else left
+        self.in_seg: Segment | None = None
+        if named and left[0] == "shm":
+            path, capacity, wake, ack = left[1]
+            self.in_seg = Segment.attach(path, capacity)
+            self.inp, paths = None, (wake, ack)
+        else:
+            self.inp, paths = (None, None) if self.in_slot else left
         self._serialize = ray._private.worker.global_worker.get_serialization_context().serialize
         # our writes: wake the right peer, take its acks; our reads: the mirror image
         signals = None if self.out_slot else out.signals
@@ -275,6 +387,9 @@ class Link:
             if fd is not None:
                 os.close(fd)
         self.wakes = self.ack_left = self.wake_right = self.acks = None
+        if self.in_seg is not None:
+            self.in_seg.close()
+            self.in_seg = None
 
     def _released(self) -> None:
         """The caller has dropped every view of the last message read (the contract): its
@@ -288,6 +403,15 @@ class Link:
         self._released()
         if self.out_slot is not None:
             self.out_slot.put(tag, departure, chunk, self.timeout, self.aborted)
+            return
+        segment = self._outgoing.segment
+        if segment is not None:  # one node: the signals order every access to the buffer
+            if self._sent:  # the reader has released the previous one
+                take(self.acks, self.timeout, self.aborted, f"send of {tag}")
+            if not segment.write(tag, departure, chunk):
+                self._grow(segment, tag, departure, chunk)
+            self._sent += 1
+            notify(self.wake_right)
             return
         value = self._serialize(encode(tag, departure, chunk))  # once, not once per try
         size = value.total_bytes + len(value.metadata)
@@ -308,11 +432,33 @@ class Link:
         self._sent += 1
         notify(self.wake_right)
 
+    def _grow(self, old: Segment, tag: Any, departure: float | None, chunk: np.ndarray) -> None:
+        """The message into a new segment twice the size it needs; the old one points there."""
+        new = Segment(max(2 * old.capacity, 2 * (np.asarray(chunk).nbytes + HEADROOM)))
+        if not new.write(tag, departure, chunk):  # pragma: no cover - sized for it above
+            raise RuntimeError(f"ring link: a {chunk.nbytes}-byte message does not fit a new segment")
+        old.write(tag, departure, chunk, moved=(new.path, new.capacity))
+        self._outgoing.segment = new
+        old.close()  # ours only: the reader keeps its mapping until it follows the pointer
+
     def recv(self, tag: Any) -> tuple[float | None, np.ndarray]:
         """(departure, chunk) of the next message, which must carry `tag`."""
         self._released()
         if self.in_slot is not None:
             got, departure, chunk = self.in_slot.take(self.timeout, self.aborted, f"message {tag}")
+            if got != tag:
+                raise RuntimeError(f"ring link out of step: expected message {tag}, got {got}")
+            return departure, chunk
+        if self.in_seg is not None:
+            take(self.wakes, self.timeout, self.aborted, f"message {tag}")
+            got, departure, chunk, pinned, moved = self.in_seg.read()
+            if moved is not None:  # the writer outgrew the segment: the message is in the next
+                old, self.in_seg = self.in_seg, Segment.attach(*moved)
+                old.close()
+                got, departure, chunk, pinned, _ = self.in_seg.read()
+            self._pinned = pinned
+            if not pinned:  # a copy: the buffer is free already
+                notify(self.ack_left)
             if got != tag:
                 raise RuntimeError(f"ring link out of step: expected message {tag}, got {got}")
             return departure, chunk

@@ -1,4 +1,5 @@
-"""The channel link's pure parts -- the wait loops (poll, take) and the message format -- no Ray cluster."""
+"""The channel link's pure parts -- the wait loops (poll, take), the message formats and the
+shared-memory segment -- no Ray cluster."""
 
 import os
 
@@ -124,3 +125,38 @@ def test_a_slot_wait_ends_on_abort_and_on_its_deadline():
     with pytest.raises(StepAborted, match="send of y"):  # full: the next put waits, then sees the abort
         slot.put("y", None, np.ones(1), 10, lambda: True)
     slot.close()
+
+
+def test_a_segment_carries_one_message_at_a_time_copied_when_small_and_pinned_when_large():
+    writer = channels.Segment(channels.MIN_BYTES)
+    reader = channels.Segment.attach(writer.path, writer.capacity)
+    assert not os.path.exists(writer.path)  # attached: the name is gone
+    small = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert writer.write(("b", 1), 2.5, small)
+    tag, departure, got, pinned, moved = reader.read()
+    assert (tag, departure, pinned, moved) == (("b", 1), 2.5, False, None)
+    np.testing.assert_array_equal(got, small)
+    assert writer.write("c", None, np.zeros(3, np.float32)) and (got == small).all()  # a private copy
+    big = np.random.default_rng(1).standard_normal(SMALL_BYTES // 4 + 1).astype(np.float32)
+    assert not writer.write("d", None, big)  # does not fit 64 KiB: the caller grows the link
+    large = channels.Segment(4 * big.nbytes)
+    assert large.write("d", None, big)
+    assert writer.write("d", None, big[:1], moved=(large.path, large.capacity))
+    tag, _, _, _, moved = reader.read()
+    assert tag == "d" and moved == (large.path, large.capacity)
+    follow = channels.Segment.attach(*moved)
+    tag, _, got, pinned, _ = follow.read()
+    assert tag == "d" and pinned and np.shares_memory(got, np.frombuffer(follow.buf, np.uint8))
+    np.testing.assert_array_equal(got, big)
+    follow.close()  # pinned by `got`: unmapped when it goes, not now
+    assert got.sum() == pytest.approx(big.sum())
+    del got
+    for seg in (reader, writer, large):
+        seg.close()
+
+
+def test_a_segment_nobody_attached_is_removed_by_its_writer():
+    seg = channels.Segment(channels.MIN_BYTES)
+    assert os.path.exists(seg.path)
+    seg.close()
+    assert not os.path.exists(seg.path)

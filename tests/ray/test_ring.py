@@ -22,12 +22,15 @@ class _Probe(RingPeer):
         return buf, sent
 
     def link_capacity(self) -> int | None:
-        """Bytes the outgoing channel holds without growing; None when no link was opened."""
-        return None if self._outgoing is None else self._outgoing.channel._typ.buffer_size_bytes
+        """Bytes the outgoing link holds without growing; None when no link was opened."""
+        if self._outgoing is None:
+            return None
+        segment = self._outgoing.segment  # one node: shared memory; else a Ray channel
+        return segment.capacity if segment is not None else self._outgoing.channel._typ.buffer_size_bytes
 
     def link_names(self) -> list[str]:
-        """The FIFO names of this peer's outgoing link (gone once the reader attached)."""
-        return [signal.path for signal in self._outgoing.signals]
+        """The FIFO and segment names of this peer's outgoing link (gone once the reader attached)."""
+        return [signal.path for signal in self._outgoing.signals] + [self._outgoing.segment.path]
 
     def link_exchange(self, send_tag: str, expect_tag: str) -> str:
         """Send under one tag, expect another: the schedule check of channels.Link."""
@@ -78,7 +81,7 @@ def test_actor_ring_equals_numpy_sum(n, transport):
 
 
 def test_channels_grow_for_larger_chunks_and_check_the_schedule():
-    # channels start at 64 KiB (channels.MIN_BYTES): 1.2 MB buffers make Ray grow every link
+    # links start at 64 KiB (channels.MIN_BYTES): 1.2 MB buffers make every link grow
     n = 3
     cfg = make_config(strategy="ring", workers=n, **{"workload.name": "synthetic", "workload.grad_mb": 0.001})
     peers = [_Probe.options(num_cpus=0.1, max_concurrency=4).remote(cfg, rank=r) for r in range(n)]
@@ -99,7 +102,7 @@ def test_channels_grow_for_larger_chunks_and_check_the_schedule():
         outs = ray.get([p.allreduce.remote(b, "rewired") for p, b in zip(peers, bufs, strict=True)], timeout=60)
         assert all((res == n * (n + 1) / 2).all() for res, _ in outs)
         names = [path for paths in ray.get([p.link_names.remote() for p in peers], timeout=60) for path in paths]
-        assert len(names) == 2 * n and not any(os.path.exists(x) for x in names)  # removed once attached
+        assert len(names) == 3 * n and not any(os.path.exists(x) for x in names)  # removed once attached
     finally:
         for p in peers:
             ray.kill(p)
