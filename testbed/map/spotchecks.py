@@ -15,12 +15,11 @@ updates of a synchronous step, STEPS x N of asynchronous ones, one worker's grad
 
 - `--payload scaled:F`, F = PHYSICAL_BYTES / K: every byte count and emulated transfer uses the
   logical gradient, so the physical arrays only cost memory and copies;
-- `--dilation D`, D = ceil(REAL_STEP_S / predicted step): the emulated step then lasts about a
+- `--dilation auto` (testbed.session.autodilate, the search every run gets by default), its
+  first trial at D = ceil(REAL_STEP_S / predicted step), where the emulated step lasts about a
   real second, beside which this machine's own cost per message shrinks D-fold
-  (docs/emulation.md, "Fidelity at scale"). When the step is off the prediction, and the run says
-  why -- its emulator ran late (`emulation_leak_frac` > LEAK_LIMIT) while it came out below the
-  model, or its communication came out above the model -- it runs once more at the dilation the
-  run's own advice computes (testbed.emulation.dilation.advice).
+  (docs/emulation.md, "Fidelity at scale"); the search raises D while the trial is not faithful,
+  within CHECK_BUDGET_S. A check is no longer than a trial, so its faithful trial is the check.
 
 A check is `ok` when the run completed, was faithful and its step is within TOLERANCE of the
 prediction; otherwise it is `off` with the reason, and the map marks the cell. Records go to
@@ -39,7 +38,8 @@ from typing import Any
 import pandas as pd
 
 from testbed.config import Payload, RunConfig, with_overrides
-from testbed.emulation.dilation import FIDELITY_TOLERANCE, LEAK_LIMIT
+from testbed.config.schema import AUTO
+from testbed.emulation.dilation import LEAK_LIMIT
 from testbed.strategies.registry import SPECS
 
 TOLERANCE = 0.10  # measured step within 10% of the predicted step
@@ -54,9 +54,9 @@ MAX_PROCESSES = 24
 # time per peer for each of its 2(N-1) rounds, so a faithful check needs a dilation that takes
 # minutes per check (docs/emulation.md, "Fidelity at scale").
 MAX_WORKERS = 16
-# The real seconds a retry may take (dilation x predicted step x STEPS); past it the check stays
-# off with the dilation it would have needed.
-MAX_RETRY_S = 60.0
+# The real seconds one check's dilation search may take (--fidelity-budget of its run); past it
+# the check stays off, with the search's reason.
+CHECK_BUDGET_S = 90.0
 
 
 def hostable(cfg: RunConfig) -> bool:
@@ -118,14 +118,14 @@ def dilation_for(predicted_step_s: float) -> float:
     return float(min(MAX_DILATION, max(1, math.ceil(REAL_STEP_S / predicted_step_s))))
 
 
-def check_config(cfg: RunConfig, predicted_step_s: float, k_bytes: float, runs_dir: Path,
-                 dilation: float | None = None) -> RunConfig:
-    """cfg as a check runs it: few steps, scaled payload, dilated, into runs_dir."""
+def check_config(cfg: RunConfig, predicted_step_s: float, k_bytes: float, runs_dir: Path) -> RunConfig:
+    """cfg as a check runs it: few steps, scaled payload, the dilation searched, into runs_dir
+    (its first trial's factor: `dilation_for` the predicted step)."""
     scale = min(1.0, PHYSICAL_BYTES / k_bytes)
     steps = STEPS * per_step(cfg)  # STEPS worker iterations of every worker
     return with_overrides(cfg, steps=steps, out=str(runs_dir), quiet=True,
-                          **{"workload.payload": Payload(scale),
-                             "network.dilation": dilation or dilation_for(predicted_step_s)})
+                          **{"workload.payload": Payload(scale), "network.dilation": AUTO,
+                             "network.fidelity_budget_s": CHECK_BUDGET_S})
 
 
 def config_key(cfg: RunConfig) -> str:
@@ -173,30 +173,21 @@ def judge(cfg: RunConfig, predicted_step_s: float, summary: dict[str, Any] | Non
     if abs(out["ratio"] - 1) > TOLERANCE:
         reasons.append(f"measured {measured:.4g} s per step is {out['ratio']:.2f}x the predicted {predicted_step_s:.4g} s "
                        f"(tolerance {TOLERANCE:.0%})")
+    searched = summary.get("dilation_search_result") or ""
+    if reasons and searched.startswith("not faithful"):
+        reasons.append(f"the dilation search: {searched}")
     out["verdict"], out["reason"] = ("off", "; ".join(reasons)) if reasons else ("ok", None)
     return out
 
 
-def better_dilation(dilation: float, judged: dict[str, Any]) -> float | None:
-    """The run's own advice (testbed.emulation.dilation.advice): D * leak / LEAK_LIMIT when the
-    emulator ran late, D * excess / (tolerance / 2) when communication came out above the model;
-    None when more dilation would not help."""
-    leak, fid = judged.get("leak"), judged.get("fidelity")
-    if judged.get("ratio") is None or abs(judged["ratio"] - 1) <= TOLERANCE:
-        return None  # the step is on the prediction: nothing to fix
-    if leak is not None and leak > LEAK_LIMIT:
-        return float(math.ceil(dilation * leak / LEAK_LIMIT))
-    if fid is not None and fid > 1 + FIDELITY_TOLERANCE:
-        return float(math.ceil(dilation * (fid - 1) / (FIDELITY_TOLERANCE / 2)))
-    return None
-
-
-def run_one(cfg: RunConfig) -> tuple[str, dict[str, Any] | None, str | None, str | None]:
-    """(status, summary, error line, run folder) of one run through the single-run code path."""
+def run_one(cfg: RunConfig, start: float = 1.0) -> tuple[str, dict[str, Any] | None, str | None, str | None]:
+    """(status, summary, error line, run folder) of one run through the single-run code path;
+    `start`: the first factor its --dilation auto search tries."""
+    from testbed.session.autodilate import execute_auto
     from testbed.session.execute import execute
 
     try:
-        outcome = execute(cfg)
+        outcome = execute_auto(cfg, execute, start=start) if cfg.network.auto_dilation else execute(cfg)
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # noqa: BLE001 - one check fails, the map goes on
@@ -258,21 +249,14 @@ def run_logged(jobs: list[tuple[str, str, Any]], records: dict[str, dict[str, An
 
 
 def _check(t: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    runs = out_dir / "runs"
-    cfg = check_config(t["cfg"], t["predicted_step_s"], t["k_bytes"], runs)
-    tries = []
-    while True:
-        status, summary, error, folder = run_one(cfg)
-        judged = judge(cfg, t["predicted_step_s"], summary, status, error)
-        tries.append({"dilation": cfg.network.dilation, "run_dir": folder, **judged})
-        better = better_dilation(cfg.network.dilation, judged) if judged["verdict"] == "off" else None
-        if len(tries) > 1 or better is None or better <= cfg.network.dilation or better > MAX_DILATION:
-            break
-        if better * t["predicted_step_s"] * STEPS > MAX_RETRY_S:
-            tries[-1]["reason"] += f"; the run advises --dilation {better:g}, over {MAX_RETRY_S:g} s of checking"
-            break
-        cfg = check_config(t["cfg"], t["predicted_step_s"], t["k_bytes"], runs, dilation=better)
-    last = tries[-1]
+    """One check: its run (the dilation searched from `dilation_for` its step), judged; `tries`:
+    the search's trials (factor, fidelity, leak, faithful, folder)."""
+    cfg = check_config(t["cfg"], t["predicted_step_s"], t["k_bytes"], out_dir / "runs")
+    status, summary, error, folder = run_one(cfg, start=dilation_for(t["predicted_step_s"]))
+    judged = judge(cfg, t["predicted_step_s"], summary, status, error)
+    tries = [{k: row.get(k) for k in ("dilation", "emulation_fidelity", "emulation_leak_frac", "faithful", "run_id")}
+             for row in (summary or {}).get("dilation_search", [])]
     return {"key": t["key"], "label": t["label"], "latency": t["latency"], "bandwidth": t["bandwidth"],
             "workers": t["workers"], "predicted_step_s": t["predicted_step_s"],
-            "payload": str(cfg.workload.payload), "tries": tries, **last}
+            "payload": str(cfg.workload.payload), "tries": tries, "run_dir": folder,
+            "dilation": (summary or {}).get("dilation"), **judged}

@@ -40,9 +40,10 @@ CEILING = 100_000.0  # --dilation's own upper limit
 
 
 def execute_auto(cfg: RunConfig, execute: Callable[..., Any], *, run_id: str | None = None,
-                 launched: float | None = None) -> Any:
+                 launched: float | None = None, start: float = 1.0) -> Any:
     """Search a factor for cfg (its --dilation auto), then run cfg at it; the run's Outcome.
-    `execute`: testbed.session.execute.execute, which runs each trial and the run."""
+    `execute`: testbed.session.execute.execute, which runs each trial and the run. `start`: the
+    first trial's factor (1 for a run; the map's checks start where their step lasts a second)."""
     from testbed.runtime.rayprocs import start_ray, stop_ray
     from testbed.session.interrupts import INTERRUPTS
 
@@ -57,7 +58,7 @@ def execute_auto(cfg: RunConfig, execute: Callable[..., Any], *, run_id: str | N
             except Exception:  # noqa: BLE001 - the run below reports why Ray cannot start, as any run does
                 started = False
             t0 = time.monotonic()
-            factor, trials, result, last = _search(cfg, search_dir, t0, execute)
+            factor, trials, result, last = _search(cfg, search_dir, t0, execute, start)
             if last is not None and last.exit_code == 130:  # interrupted during a trial: the command ends
                 return last
             annotate = {"dilation_search": trials, "dilation_search_result": result,
@@ -91,7 +92,8 @@ def _promote(trial: Any, cfg: RunConfig, run_id: str, annotate: dict[str, Any]) 
     return dataclasses.replace(trial, folder=folder, summary=shown)
 
 
-def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any) -> tuple[float, list[dict[str, Any]], str, Any]:
+def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
+            start: float = 1.0) -> tuple[float, list[dict[str, Any]], str, Any]:
     """(factor for the run, trial rows, the one-line result, Outcome or None): the Outcome of an
     interrupted trial, or of a faithful trial that ran the whole run (it is the run)."""
     from testbed.strategies.registry import SPECS
@@ -101,7 +103,7 @@ def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any) -> tuple[
     trial_steps = min(cfg.steps, TRIAL_STEPS * per_step)
     budget = cfg.network.fidelity_budget_s
     trials: list[dict[str, Any]] = []
-    factor = 1.0
+    factor = float(start)
     while True:
         start = time.monotonic()
         if whole:  # the run itself, quiet: if faithful, it is the run

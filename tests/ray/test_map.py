@@ -16,6 +16,7 @@ ARGS = ["--workload", "profile:resnet50", "--workers", "2,4", "--bandwidth", "1G
 
 def test_a_small_map_with_one_checked_cell(tmp_path, monkeypatch):
     monkeypatch.setattr(spotchecks, "REAL_STEP_S", 0.3)  # a short dilated step: the test checks the path, not a timing
+    monkeypatch.setattr(spotchecks, "CHECK_BUDGET_S", 20.0)  # and a short search
     out = tmp_path / "map"
     code = main([*ARGS, "--out", str(out)])
     for name in ("map.parquet", "map.md", "map.png", "map.svg", "checks.jsonl"):
@@ -33,6 +34,9 @@ def test_a_small_map_with_one_checked_cell(tmp_path, monkeypatch):
         if row["check_verdict"] != "ok":
             assert row["check_reason"] and row["check_reason"] in text
     assert code == (0 if (checked["check_verdict"] == "ok").all() else 1)
+    for rec in map(json.loads, (out / "checks.jsonl").read_text().splitlines()):  # the search's trials, kept
+        assert rec["tries"] and rec["tries"][0]["dilation"] == spotchecks.dilation_for(rec["predicted_step_s"])
+        assert rec["dilation"] == rec["tries"][-1]["dilation"]
     lines = (out / "checks.jsonl").read_text().splitlines()
     assert main([*ARGS, "--out", str(out)]) == code  # the rerun reuses the checks: no new run
     assert (out / "checks.jsonl").read_text().splitlines() == lines

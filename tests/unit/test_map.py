@@ -184,10 +184,11 @@ def test_a_check_is_ok_within_tolerance_and_off_with_its_reason_beyond():
     outside = 1 + 2 * spotchecks.TOLERANCE
     off = _judged({"step_time_p50_s": outside, "predicted_step_s": 1.0, "emulation_leak_frac": 0.0})
     assert off["verdict"] == "off" and f"{outside:.2f}x" in off["reason"]
+    searched = "not faithful: at --dilation 30 a trial measured 1.2x the model's communication; ..."
     late = _judged({"step_time_p50_s": 1 - 2 * spotchecks.TOLERANCE, "predicted_step_s": 1.0,
-                    "emulation_leak_frac": 2 * spotchecks.LEAK_LIMIT})
-    assert late["verdict"] == "off" and "not faithful" in late["reason"]
-    assert spotchecks.better_dilation(10.0, late) > 10.0
+                    "emulation_leak_frac": 2 * spotchecks.LEAK_LIMIT, "dilation_search_result": searched})
+    assert late["verdict"] == "off" and "not faithful: the emulator ran late" in late["reason"]
+    assert late["reason"].endswith(f"the dilation search: {searched}")  # why more dilation was not bought
     failed = _judged(None, status="failed")
     assert failed["verdict"] == "off" and "failed" in failed["reason"]
     other = _judged({"step_time_p50_s": 1.0, "predicted_step_s": 1.5, "emulation_leak_frac": 0.0})
