@@ -152,7 +152,7 @@ SUMMARY = {
     "dilation_search": ("", "--dilation auto: one row per trial run (`dilation`, `status`, "
                             "`emulation_fidelity`, `emulation_leak_frac`, `faithful`, `step_time_mean_s` "
                             "as the trial reported it, `wall_s` real seconds, `run_id` under dilation-search/, or "
-                            "this run's own where the faithful trial was the whole run)"),
+                            "this run's own where the last trial was the whole run)"),
     "dilation_search_result": ("", "--dilation auto: one line, why the search stopped at `dilation` "
                                    "(faithful, the budget, or more dilation cannot help)"),
     "dilation_search_s": ("s", "--dilation auto: real seconds the trials took, a trial that was the "

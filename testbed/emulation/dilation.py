@@ -193,12 +193,15 @@ def run_seconds(dilation: float, steps: int, step_s: float, setup_s: float) -> f
 def affordable_factor(wanted: float, trial_steps: int, run_steps: int, step_s: float, setup_s: float,
                       seconds_left: float) -> float:
     """`wanted`, or the largest whole factor at which one more trial and the run still fit in
-    `seconds_left` (each: start-up, then its steps at that factor)."""
+    `seconds_left` (each: start-up, then its steps at that factor); `run_steps` 0: the trial is
+    the whole run, with no run after it."""
+    starts = 2 if run_steps else 1
+
     def cost(d: float) -> float:
-        return run_seconds(d, trial_steps, step_s, setup_s) + run_seconds(d, run_steps, step_s, setup_s)
+        return starts * setup_s + (trial_steps + run_steps) * step_s * d
 
     if cost(wanted) <= seconds_left:
         return wanted
     if step_s <= 0:
         return 0.0
-    return float(math.floor((seconds_left - 2 * setup_s) / ((trial_steps + run_steps) * step_s)))
+    return float(math.floor((seconds_left - starts * setup_s) / ((trial_steps + run_steps) * step_s)))

@@ -19,7 +19,7 @@ updates of a synchronous step, STEPS x N of asynchronous ones, one worker's grad
   first trial at D = ceil(REAL_STEP_S / predicted step), where the emulated step lasts about a
   real second, beside which this machine's own cost per message shrinks D-fold
   (docs/emulation.md, "Fidelity at scale"); the search raises D while the trial is not faithful,
-  within CHECK_BUDGET_S. A check is no longer than a trial, so its faithful trial is the check.
+  within CHECK_BUDGET_S. A check is no longer than a trial, so its last trial is the check.
 
 A check is `ok` when the run completed, was faithful and its step is within TOLERANCE of the
 prediction; otherwise it is `off` with the reason, and the map marks the cell. Records go to

@@ -6,8 +6,8 @@ search measures as it goes instead of trusting one run's advice, and a worked sc
               quiet, without held-out evaluation or injected faults, into
               <out>/<run id>.dilation-search/ (moved into the run's folder as dilation-search/);
               a run no longer than a trial and without --fail is tried whole (its own steps,
-              evaluation and timeline), so its faithful trial *is* the run: that folder becomes
-              the run's, and the run is not repeated (the search's last row names it)
+              evaluation and timeline), so its last trial *is* the run: that folder becomes the
+              run's, and the run is not repeated (the search's last row names it)
     stop      a faithful trial; a trial that says raising D cannot help; a next trial and the
               run that would not both fit in --fidelity-budget (estimated from the trials' own
               start-up and step times)
@@ -63,7 +63,7 @@ def execute_auto(cfg: RunConfig, execute: Callable[..., Any], *, run_id: str | N
                 return last
             annotate = {"dilation_search": trials, "dilation_search_result": result,
                         "dilation_search_s": time.monotonic() - t0}
-            if last is not None:  # the faithful trial ran the whole run: it is the run
+            if last is not None:  # the last trial ran the whole run at the run's factor: it is the run
                 with interrupts.shielded():
                     outcome = _promote(last, with_overrides(cfg, **{"network.dilation": factor}), run_id, annotate)
             else:
@@ -95,7 +95,8 @@ def _promote(trial: Any, cfg: RunConfig, run_id: str, annotate: dict[str, Any]) 
 def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
             start: float = 1.0) -> tuple[float, list[dict[str, Any]], str, Any]:
     """(factor for the run, trial rows, the one-line result, Outcome or None): the Outcome of an
-    interrupted trial, or of a faithful trial that ran the whole run (it is the run)."""
+    interrupted trial, or of the last trial where each trial ran the whole run (the run goes at
+    the last trial's factor, so that trial is the run, faithful or not)."""
     from testbed.strategies.registry import SPECS
 
     per_step = 1 if SPECS[cfg.strategy].synchronous(cfg) else cfg.workers
@@ -123,23 +124,28 @@ def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
         trials.append(row)
         if row["status"] != "completed":
             return factor, trials, f"a trial at --dilation {factor:g} ended {row['status']}: {outcome.error_line}", None
-        if row["faithful"] is None:
-            return factor, trials, f"a trial at --dilation {factor:g} measured no fidelity (no prediction beside it)", None
-        if row["faithful"]:
-            said = f"faithful at --dilation {factor:g} ({len(trials)} trials"
+
+        def stop(result: str, factor: float = factor, outcome: Any = outcome) -> tuple[float, list[dict[str, Any]], str, Any]:
+            """The run goes at this trial's factor: where the trial was the whole run, it is the run."""
             if whole:
-                return factor, trials, said + ", the last of them the run)", outcome
-            return factor, trials, said + ")", None
+                return factor, trials, f"{result}; the last trial was the run", outcome
+            return factor, trials, result, None
+
+        if row["faithful"] is None:
+            return stop(f"a trial at --dilation {factor:g} measured no fidelity (no prediction beside it)")
+        if row["faithful"]:
+            return stop(f"faithful at --dilation {factor:g} ({len(trials)} trials)")
         fid, leak = row["emulation_fidelity"], row["emulation_leak_frac"]
         measured = f"at --dilation {factor:g} a trial measured {fid:.3g}x the model's communication"
         nxt = next_factor(factor, fid, leak, CEILING)
         if nxt is None:
-            return factor, trials, (f"not faithful: {measured}, and more dilation cannot help (below the "
-                                    "model with the emulator on time: compare the summary's formula with the schedule)"), None
+            return stop(f"not faithful: {measured}, and more dilation cannot help (below the model with the "
+                        "emulator on time: compare the summary's formula with the schedule)")
         step_s = float(row["step_time_mean_s"] or 0.0)
         setup_s = max(0.0, row["wall_s"] - trial_steps * step_s * factor)
-        nxt = affordable_factor(nxt, trial_steps, cfg.steps, step_s, setup_s, budget - (time.monotonic() - t0))
+        after = 0 if whole else cfg.steps  # a whole trial leaves no run to pay for after it
+        nxt = affordable_factor(nxt, trial_steps, after, step_s, setup_s, budget - (time.monotonic() - t0))
         if nxt < factor * MIN_RAISE:
-            return factor, trials, (f"not faithful: {measured}; --fidelity-budget {budget:g} s buys no larger "
-                                    "factor (raise it, or use fewer workers)"), None
+            return stop(f"not faithful: {measured}; --fidelity-budget {budget:g} s buys no larger factor "
+                        "(raise it, or use fewer workers)")
         factor = nxt

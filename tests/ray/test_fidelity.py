@@ -3,6 +3,7 @@ speed (testbed.emulation.dilation), so this machine's own per-message cost shrin
 emulated time. At N = 32 on 2 cores a ring hop costs a few ms of real work against about 8 ms of
 emulated transfer, several times the model undilated (README, "Fidelity at scale")."""
 
+import itertools
 import json
 import subprocess
 import sys
@@ -117,29 +118,44 @@ def _auto(tmp_path, name: str, budget_s: float = 60.0, steps: int = 6):
     return outcome
 
 
-def test_auto_dilation_searches_upwards_and_a_busier_machine_gets_a_larger_factor(tmp_path):
+def _follows_its_rule(trials: list[dict]) -> None:
+    """Each trial's factor is the previous one raised by the search's own rule: at most what
+    `next_factor` names for the previous trial's measurement (less where the budget caps it), and
+    at least MIN_RAISE times the previous factor; every trial but the last unfaithful."""
+    from testbed.emulation.dilation import next_factor
+    from testbed.session.autodilate import CEILING, MIN_RAISE
+
+    factors = [t["dilation"] for t in trials]
+    assert factors[0] == 1.0 and all(t["status"] == "completed" for t in trials), trials
+    assert all(t["faithful"] is False for t in trials[:-1]), trials
+    for before, after in itertools.pairwise(trials):
+        rule = next_factor(before["dilation"], before["emulation_fidelity"], before["emulation_leak_frac"], CEILING)
+        assert rule is not None and before["dilation"] * MIN_RAISE <= after["dilation"] <= rule, (before, after)
+
+
+def test_auto_dilation_searches_upwards_by_its_rule_and_the_last_trial_is_the_run(tmp_path):
     """--dilation auto: trials at rising factors, each unfaithful but the last (or the budget ran
-    out, which the result line and the run's own `emulation_faithful` then say); the run goes at
-    the last trial's factor, its summary carries the trials, and their folders move into its own.
-    This run is no longer than a trial, so each trial is the whole run and the faithful one is
-    the run itself (its folder, renamed; not run again). Then the same search beside four CPU hogs: its first trial measures more excess (the hogs
-    take most of the cores) and the factor it picks is at least as large."""
+    out, which the result line and the run's own `emulation_faithful` then say), each factor the
+    one the search's rule names for the trial before; the run goes at the last trial's factor, its
+    summary carries the trials, and their folders move into its own. This run is no longer than a
+    trial, so each trial is the whole run and the last one is the run itself (its folder, renamed;
+    not run again). Then the same search beside four CPU hogs ends the same way, by the same rule:
+    how much more excess a busier machine measures depends on what else the suite runs beside it,
+    so that a busier machine asks for at least as large a factor is checked on the rule itself
+    (tests/unit/test_dilation.py), not across two runs."""
     outcome = _auto(tmp_path, "idle")
     s = outcome.summary
     trials = s["dilation_search"]
     factors = [t["dilation"] for t in trials]
-    assert trials and factors == sorted(set(factors)) and factors[0] == 1.0
-    assert all(t["status"] == "completed" and t["faithful"] is False for t in trials[:-1])
+    _follows_its_rule(trials)
     assert s["dilation"] == factors[-1] and isinstance(s["dilation"], float)
     assert s["dilation_search_result"].startswith("faithful") == (trials[-1]["faithful"] is True)
     assert isinstance(s["emulation_faithful"], bool)
-    promoted = trials[-1]["faithful"] is True
-    assert s["dilation_search_result"].endswith("the last of them the run)") == promoted
-    assert trials[-1]["run_id"] == s["run_id"] == outcome.folder.name if promoted else trials[-1]["run_id"] != s["run_id"]
-    before = trials[:-1] if promoted else trials
+    assert s["dilation_search_result"].endswith("; the last trial was the run")  # faithful or not
+    assert trials[-1]["run_id"] == s["run_id"] == outcome.folder.name
     search = outcome.folder / "dilation-search"
-    assert sorted(p.name for p in search.iterdir()) == sorted(t["run_id"] for t in before)
-    assert all((search / t["run_id"] / "summary.json").exists() for t in before)
+    assert sorted(p.name for p in search.iterdir()) == sorted(t["run_id"] for t in trials[:-1])
+    assert all((search / t["run_id"] / "summary.json").exists() for t in trials[:-1])
     assert [p.name for p in (tmp_path / "idle").iterdir()] == [outcome.folder.name]  # nothing beside the run
     saved = json.loads((outcome.folder / "summary.json").read_text())
     assert saved["run_id"] == outcome.folder.name and saved["dilation_search"] == trials
@@ -154,10 +170,9 @@ def test_auto_dilation_searches_upwards_and_a_busier_machine_gets_a_larger_facto
         for h in hogs:
             h.kill()
             h.wait()
-    first = trials[0], busy["dilation_search"][0]
-    excess = [abs(t["emulation_fidelity"] - 1) + t["emulation_leak_frac"] for t in first]
-    assert excess[1] > excess[0], first
-    assert busy["dilation"] >= s["dilation"], (factors, [t["dilation"] for t in busy["dilation_search"]])
+    _follows_its_rule(busy["dilation_search"])
+    assert busy["status"] == "completed" and busy["dilation"] == busy["dilation_search"][-1]["dilation"]
+    assert busy["dilation_search_result"].startswith("faithful") == (busy["dilation_search"][-1]["faithful"] is True)
 
 
 def test_a_run_the_budget_cannot_make_faithful_says_so_in_its_summary(tmp_path):

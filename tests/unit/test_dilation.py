@@ -158,6 +158,9 @@ def test_a_busier_machine_gets_a_factor_at_least_as_large():
     """More excess measured at the same factor (a busier machine) never asks for less dilation."""
     factors = [next_factor(2.0, fidelity, 0.0) for fidelity in (1.06, 1.2, 1.5, 2.0, 4.0, 10.0, 100.0)]
     assert factors == sorted(factors) and factors[-1] > factors[0]
+    # on the model by chance, with more of its messages late: the same, read from the leak
+    late = [next_factor(2.0, 1.0, leak) for leak in (2 * LEAK_LIMIT, 8 * LEAK_LIMIT, 100 * LEAK_LIMIT)]
+    assert late == sorted(late) and late[-1] > late[0]
 
 
 def test_the_search_stops_where_more_dilation_cannot_help():
@@ -174,3 +177,11 @@ def test_the_affordable_factor_fits_one_more_trial_and_the_run_in_the_time_left(
     assert 1 <= d < 1000
     cost = run_seconds(d, trial, step_s, setup_s) + run_seconds(d, run, step_s, setup_s)
     assert cost <= left < run_seconds(d + 1, trial, step_s, setup_s) + run_seconds(d + 1, run, step_s, setup_s)
+
+
+def test_a_trial_that_is_the_whole_run_pays_for_itself_only():
+    """run_steps 0: the next trial is the run, so the time left buys one start-up and its steps."""
+    step_s, setup_s, steps, left = 0.35, 3.0, 4, 200.0
+    d = affordable_factor(1000.0, steps, 0, step_s, setup_s, left)
+    assert run_seconds(d, steps, step_s, setup_s) <= left < run_seconds(d + 1, steps, step_s, setup_s)
+    assert d > affordable_factor(1000.0, steps, steps, step_s, setup_s, left)  # than with a run after it
