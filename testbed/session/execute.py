@@ -129,6 +129,9 @@ class _Run:
     def execute(self) -> Outcome:
         try:
             with self.interrupts.deferred(STARTUP_STUCK_S, self.stuck):  # an interrupt inside ray.init would leave half a cluster
+                self.start_ray()
+            with self.interrupts.deferred():  # no run folder without its log, no half-attached evaluator
+                self.open_folder()
                 self.start()
             self.train()
         except (KeyboardInterrupt, SystemExit):  # SystemExit: Ray's own SIGTERM handler, set inside ray.init
@@ -146,19 +149,27 @@ class _Run:
             _faults_not_reached(self.cfg, self.recorder)
         return self.save()
 
-    def start(self) -> None:
-        """Ray, then the run folder (a cluster that cannot run this leaves no run behind), the
-        record log, the progress bar, the recorder and the evaluator."""
-        cfg, cluster = self.cfg, self.cluster
-        cluster.precheck_local()
-        cluster.start()
+    def start_ray(self) -> None:
+        """Ray: the one step a signal must not cut in half, and the only one the watchdog of a
+        stuck start (`stuck`) covers."""
+        self.cluster.precheck_local()
+        self.cluster.start()
         self.marks["ray"] = time.time()
+
+    def open_folder(self) -> None:
+        """The run folder, its config and its record log (after Ray: a cluster that cannot run
+        this leaves no run behind)."""
+        cfg = self.cfg
         try:
             self.folder = RunFolder.create(cfg.out, self.run_id)
         except OSError as exc:
             raise ConfigError(f"--out {cfg.out!r}: cannot create the run folder ({exc}); pick another --out") from None
         self.folder.write_config(cfg.to_dict())
         self.log = self.folder.record_log()
+
+    def start(self) -> None:
+        """Ray's messages into the folder, the progress bar, the recorder and the evaluator."""
+        cfg, cluster = self.cfg, self.cluster
         RayMessages.to(self.folder.path / "ray.log")
         bar = self.bar = _progress(cfg)
         self.recorder = Recorder(sink=self.log, on_update=(lambda _u: bar.update(1)) if bar else None,
@@ -199,16 +210,14 @@ class _Run:
                     pass
 
     def stuck(self) -> None:
-        """Ray could not finish starting after a signal: save and say so (called from the watchdog)."""
+        """Ray could not finish starting after a signal: end its processes and say so (called
+        from the watchdog, which then exits 130). Nothing was measured yet: the run folder comes
+        after Ray, and the watchdog and the end of Ray's start exclude each other."""
         self.ended.set("interrupted", 130, f"interrupted by {self.interrupts.name} while Ray was starting "
                                            f"(it did not finish within {STARTUP_STUCK_S:g} s)")
         stderr = silence_stderr()  # what Ray prints as it is cut off mid-start is not the run's
-        if self.log is not None:
-            finish(self.folder, self.spec, self.cfg, self.recorder, self.ended, None, {}, self.marks)
         end_ray_processes()
         os.write(stderr, f"testbed.run: error: {self.ended.error}\n".encode())
-        if self.folder is not None:
-            print(self.folder.path, flush=True)
 
     def save(self) -> Outcome:
         """The summary first, whatever arrives now, then the actors and Ray within a bounded time."""

@@ -8,7 +8,7 @@ group) and SIGHUP (a closed terminal) all become one KeyboardInterrupt in the ma
   is acknowledged on stderr; the bound on the cleanup is what guarantees the exit.
 - Inside `deferred()` (starting Ray: an interrupt inside ray.init leaves half a cluster) the
   interrupt waits until the block ends -- or, if a signal sent to the whole process group took
-  Ray's daemons too and the block cannot end, until a watchdog saves the run and exits 130;
+  Ray's daemons too and the block cannot end, until a watchdog says so and exits 130;
   inside `shielded()` (saving the run and stopping Ray after it ended) it is only noted.
 
 Only the main thread can own signal handlers; elsewhere this does nothing.
@@ -39,6 +39,7 @@ class Interrupts:
         self._pending = False
         self._stuck: tuple[float, Callable[[], None]] | None = None
         self._watching = False
+        self._ending = threading.Lock()  # the watchdog's last look and the end of its block: one at a time
         self._wakeup: tuple[int, int, int] | None = None
         self._previous: dict[int, Any] = {}
         self._depth = 0
@@ -119,11 +120,12 @@ class Interrupts:
 
         def watch() -> None:
             time.sleep(after)
-            if self._stuck is stuck:  # still inside that block
-                try:
-                    on_stuck()
-                finally:
-                    os._exit(130)
+            with self._ending:  # the block cannot end (and go on) while this decides
+                if self._stuck is stuck:  # still inside that block
+                    try:
+                        on_stuck()
+                    finally:
+                        os._exit(130)
 
         threading.Thread(target=watch, name="testbed-interrupt-watchdog", daemon=True).start()
 
@@ -138,9 +140,10 @@ class Interrupts:
         try:
             yield
         finally:
-            self._deferring -= 1
             if on_stuck is not None:
-                self._stuck = None
+                with self._ending:  # a watchdog already deciding ends the process here
+                    self._stuck = None
+            self._deferring -= 1
             self.install()
         if self._pending and not self._deferring:
             self._pending = False

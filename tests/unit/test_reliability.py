@@ -105,6 +105,39 @@ def test_a_signal_while_deferred_waits_for_the_block_and_shielded_ones_are_only_
         assert interrupts.name == "SIGINT"  # noted, nothing raised
 
 
+# A block that outlives a signal by more than its watchdog's allowance (ray.init waiting for
+# daemons the signal took): the watchdog runs `on_stuck` and the process exits 130 while the block
+# is still inside; a block that ends first is left to end, and the signal is raised after it.
+_STUCK = """
+import os, signal, sys, threading, time
+from testbed.session.interrupts import Interrupts
+interrupts = Interrupts()
+ended = threading.Event()
+with interrupts:
+    try:
+        with interrupts.deferred(0.2, lambda: print("stuck, block ended:", ended.is_set(), flush=True)):
+            os.kill(os.getpid(), signal.SIGTERM)
+            {block}
+            ended.set()
+        print("block ended", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted after the block", flush=True)
+        time.sleep(0.5)  # longer than the allowance: a watchdog still looking would fire now
+"""
+
+
+@pytest.mark.parametrize(("block", "code", "out"), [
+    ("threading.Event().wait()", 130, "stuck, block ended: False"),  # never ends: the watchdog ends it
+    ("pass", 0, "interrupted after the block"),
+])
+def test_a_deferred_block_stuck_after_a_signal_is_ended_by_its_watchdog_and_only_then(block, code, out):
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", _STUCK.format(block=block)], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert (done.returncode, done.stdout.strip()) == (code, out), done.stderr[-2000:]
+
+
 # ---------------------------------------------------------------- sweeps
 
 SPEC = """
