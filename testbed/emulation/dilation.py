@@ -198,7 +198,7 @@ def affordable_factor(wanted: float, trial_steps: int, run_steps: int, step_s: f
     starts = 2 if run_steps else 1
 
     def cost(d: float) -> float:
-        return starts * setup_s + (trial_steps + run_steps) * step_s * d
+        return run_seconds(d, trial_steps + run_steps, step_s, starts * setup_s)
 
     if cost(wanted) <= seconds_left:
         return wanted

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from ray.exceptions import RayChannelTimeoutError
 
-from testbed.allreduce import channels
-from testbed.allreduce.channels import SMALL_BYTES, decode, encode, poll, take
+from testbed.allreduce import channels, shm
+from testbed.allreduce.channels import decode, encode, poll
+from testbed.allreduce.shm import SMALL_BYTES, take
 from testbed.runtime.remote import RemoteTimeout
 from testbed.runtime.transport import StepAborted
 
@@ -128,8 +129,8 @@ def test_a_slot_wait_ends_on_abort_and_on_its_deadline():
 
 
 def test_a_segment_carries_one_message_at_a_time_copied_when_small_and_pinned_when_large():
-    writer = channels.Segment(channels.MIN_BYTES)
-    reader = channels.Segment.attach(writer.path, writer.capacity)
+    writer = shm.Segment(channels.MIN_BYTES)
+    reader = shm.Segment.attach(writer.path, writer.capacity)
     assert not os.path.exists(writer.path)  # attached: the name is gone
     small = np.arange(12, dtype=np.float32).reshape(3, 4)
     assert writer.write(("b", 1), 2.5, small)
@@ -139,12 +140,12 @@ def test_a_segment_carries_one_message_at_a_time_copied_when_small_and_pinned_wh
     assert writer.write("c", None, np.zeros(3, np.float32)) and (got == small).all()  # a private copy
     big = np.random.default_rng(1).standard_normal(SMALL_BYTES // 4 + 1).astype(np.float32)
     assert not writer.write("d", None, big)  # does not fit 64 KiB: the caller grows the link
-    large = channels.Segment(4 * big.nbytes)
+    large = shm.Segment(4 * big.nbytes)
     assert large.write("d", None, big)
     assert writer.write("d", None, big[:1], moved=(large.path, large.capacity))
     tag, _, _, _, moved = reader.read()
     assert tag == "d" and moved == (large.path, large.capacity)
-    follow = channels.Segment.attach(*moved)
+    follow = shm.Segment.attach(*moved)
     tag, _, got, pinned, _ = follow.read()
     assert tag == "d" and pinned and np.shares_memory(got, np.frombuffer(follow.buf, np.uint8))
     np.testing.assert_array_equal(got, big)
@@ -156,7 +157,7 @@ def test_a_segment_carries_one_message_at_a_time_copied_when_small_and_pinned_wh
 
 
 def test_a_segment_nobody_attached_is_removed_by_its_writer():
-    seg = channels.Segment(channels.MIN_BYTES)
+    seg = shm.Segment(channels.MIN_BYTES)
     assert os.path.exists(seg.path)
     seg.close()
     assert not os.path.exists(seg.path)
