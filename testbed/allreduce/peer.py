@@ -33,7 +33,10 @@ import ray
 from testbed.allreduce.algorithms import ALGORITHMS, bytes_moved, groups_of_size, schedule
 from testbed.allreduce.channels import Link, Outgoing, Slot
 from testbed.allreduce.collectives import ring_allreduce, run_schedule, sparse_ring_allgather
-from testbed.allreduce.ring import make_buckets, ring_neighbours
+from testbed.allreduce.relay import Loopback, Relay, relay_allreduce
+from testbed.allreduce.ring import make_buckets
+from testbed.emulation.network import LinkSpec
+from testbed.emulation.peers import real_positions, segment_sizes
 from testbed.runtime import hosting
 from testbed.runtime.remote import RemoteTimeout, get
 from testbed.runtime.transport import (
@@ -78,8 +81,17 @@ class RingPeer(WorkerBase):
 
     def __init__(self, config: Any, rank: int, device: str = "cpu", cpus: float = 1.0,
                  library: bool = False) -> None:
-        super().__init__(config, rank, device, cpus)
-        self.n = config.workers
+        # with emulated peers (--real-workers K < N) this is real worker `rank` of K, at its
+        # ring position among the N (testbed.emulation.peers); its records name the position
+        real, n = config.real_workers, config.workers
+        self.index = rank
+        super().__init__(config, real_positions(n, real)[rank] if real < n else rank, device, cpus)
+        self.n = n
+        self.relay: Relay | None = None  # the emulated peers after this one (testbed.allreduce.relay)
+        if real < n:
+            sizes = segment_sizes(n, real)
+            self.upstream = sizes[rank - 1]  # the emulated peers before this one
+            self.relay = Relay(n, self.rank, sizes[rank], LinkSpec(*config.network.wire), self.logical_factor)
         self.library = library  # allreduce-torch: torch.distributed.all_reduce per bucket
         self.mailbox = Mailbox()
         self.transport: Any = None
@@ -132,6 +144,8 @@ class RingPeer(WorkerBase):
                 return None
             largest = max(self.bucket_numels, default=0)
             nbytes = -(-largest // self.n) * 4
+            if self.relay is not None:  # a batch: a chunk and its departure per step of the segment
+                nbytes = max(1, self.relay.m) * (nbytes + 8)
             if self.compress_spec.kind == "topk":
                 nbytes = max(nbytes, Compressor(self.compress_spec, largest).payload_bytes)
         self._outgoing = Outgoing(hosting.process_of(right), right_node, nbytes)
@@ -161,7 +175,7 @@ class RingPeer(WorkerBase):
     def connect_ring(self, peers: list[Any], left_channel: Any = None) -> None:
         """Object-store transport to the ring neighbours; `left_channel` (the left peer's
         `open_link`) carries the ring's chunks, else each chunk is a `deliver` call."""
-        _, right = ring_neighbours(self.rank, self.n)
+        right = (self.index + 1) % len(peers)  # the next real worker (the right neighbour when all are)
         t = self.config.cluster.timeout_s
         link = None
         if left_channel is not None and self._outgoing is not None:
@@ -210,9 +224,12 @@ class RingPeer(WorkerBase):
 
 
     # ---- one training step
-    def _reduce_bucket(self, iteration: int, b: int, view: Any) -> tuple[float, int, int]:
+    def _reduce_bucket(self, iteration: int, b: int, view: Any, ready: float) -> tuple[float, int, int]:
+        """Sum bucket b across the workers; `ready`: when backward handed it over."""
         t0 = time.time()
-        if self.library:
+        if self.relay is not None:
+            sent, recv = self._relay_allreduce(iteration, view, (iteration, self.attempt, b), ready)
+        elif self.library:
             import torch
             import torch.distributed as dist
 
@@ -225,6 +242,37 @@ class RingPeer(WorkerBase):
         t1 = time.time()
         self.span("reduce", t0, t1)
         return t1 - t0, sent, recv
+
+    def _relay_allreduce(self, iteration: int, view: Any, tag: Any, ready: float) -> tuple[int, int]:
+        """The ring of N positions, this worker's segment of emulated peers played here
+        (testbed.allreduce.relay); the adds run on a numpy view of the bucket (a copy, written
+        back, for a GPU tensor)."""
+        buf = to_numpy(view)
+        link = getattr(self.transport, "link", None)
+        io = link if link is not None else Loopback()  # one real worker: its segment comes back to it
+        out = relay_allreduce(buf, self.rank, self.n, self.relay, self.upstream, io, tag, self.endpoint,
+                              ready, self._peers_ready(iteration, ready))
+        if not isinstance(view, np.ndarray) and view.device.type != "cpu":
+            view[:] = like(buf, view)
+        return out
+
+    def _peers_ready(self, iteration: int, ready: float) -> np.ndarray:
+        """When each emulated peer of this worker's segment had the bucket: with this worker, plus
+        its own straggler delay beyond this worker's, never earlier (testbed.emulation.peers)."""
+        m = self.relay.m
+        out = np.full(m + 1, ready)
+        model = self.stragglers
+        if not model.specs:
+            return out
+        c = self.stretch.compute_s if self.stretch is not None else 0.0
+
+        def delay(x: int) -> float:
+            return (model.factor(x) - 1.0) * c + model.additive(x, iteration) * model.dilation
+
+        mine = delay(self.rank)
+        for x in range(1, m + 1):
+            out[x] = ready + max(0.0, delay((self.rank + x) % self.n) - mine)
+        return out
 
     def _allreduce(self, view: Any, tag: Any, b: int) -> tuple[int, int]:
         """Sum one bucket across the peers in place by --algorithm; return wire bytes (sent, recv)."""
@@ -284,7 +332,8 @@ class RingPeer(WorkerBase):
         else:
             grad, info = self.gradient(iteration, batch, self.buckets, lambda b, v: None)
             for b, idx in enumerate(self.buckets):
-                bucket_s[b], out, into = self._reduce_bucket(iteration, b, self.workload.bucket_view(grad, idx))
+                bucket_s[b], out, into = self._reduce_bucket(iteration, b, self.workload.bucket_view(grad, idx),
+                                                             info["t_computed"])
                 sent[0] += out
                 sent[1] += into
         t_comm_end = time.time()
@@ -313,11 +362,11 @@ class RingPeer(WorkerBase):
 
         def comm() -> None:
             for _ in self.buckets:
-                b, view = ready.get()
+                b, view, t_ready = ready.get()
                 if view is None:  # compute failed: nothing more comes
                     return
                 try:
-                    bucket_s[b], out, into = self._reduce_bucket(iteration, b, view)
+                    bucket_s[b], out, into = self._reduce_bucket(iteration, b, view, t_ready)
                     sent[0] += out
                     sent[1] += into
                 except BaseException as exc:  # noqa: BLE001 - re-raised on the step's thread
@@ -328,9 +377,9 @@ class RingPeer(WorkerBase):
         thread.start()
         self._comm_thread = thread
         try:
-            grad, info = self.gradient(iteration, batch, self.buckets, lambda b, v: ready.put((b, v)))
+            grad, info = self.gradient(iteration, batch, self.buckets, lambda b, v: ready.put((b, v, time.time())))
         except BaseException:
-            ready.put((None, None))
+            ready.put((None, None, None))
             raise
         thread.join(timeout=self.config.cluster.timeout_s)
         if errors:

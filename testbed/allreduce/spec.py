@@ -63,7 +63,8 @@ def _names(wanted: str) -> str:
 # Runs equal to one-process training (tests/ray/test_equivalence.py): Adam where every worker
 # applies it, bucketed synthetic gradients at N = 1, 2 (one chunk each way), 4, ranks sharing a
 # process (in-process slots + 2 channels), no overlap, any-pair sends over gloo (the ring's
-# exchange over torch: test_ring.py), and ResNet-50's 161 tensors bucketed by their real sizes.
+# exchange over torch: test_ring.py), ResNet-50's 161 tensors bucketed by their real sizes, and
+# rings of emulated peers (the reference weighs each real worker's gradient by its segment).
 RING_EQUIVALENCE = (
     Equivalence(2, tiny.RESNET_ADAM),
     *[Equivalence(n, tiny.SMALL_BUCKETS) for n in (1, 2, 4)],
@@ -71,6 +72,12 @@ RING_EQUIVALENCE = (
     Equivalence(3, {**tiny.SMALL_BUCKETS, "ring.overlap": False}),
     Equivalence(3, {**tiny.SMALL_BUCKETS, "ring.transport": "torch", "ring.algorithm": "halving-doubling"}),
     Equivalence(2, tiny.PROFILE),
+    # emulated peers (testbed.allreduce.relay): N a multiple of K, uneven segments (weights 3 and
+    # 2), one real worker whose segment comes back to it, and real workers sharing processes
+    *[Equivalence(n, {**tiny.SMALL_BUCKETS, "network.bandwidth": "10Gbit", "cluster.real_workers": k})
+      for n, k in ((8, 2), (5, 2), (3, 1))],
+    Equivalence(6, {**tiny.SMALL_BUCKETS, "network.bandwidth": "10Gbit", "cluster.real_workers": 4,
+                    "cluster.workers_per_process": 2, "ring.overlap": False}),
 )
 LIBRARY_EQUIVALENCE = (Equivalence(2, tiny.LM_ADAM), Equivalence(3, tiny.SMALL_BUCKETS))
 
@@ -96,6 +103,17 @@ class AllreduceSpec(StrategySpec):
         torch.distributed's ranks are processes."""
         if self.library or cfg.ring.transport == "torch":
             return "torch.distributed's ranks are processes (use --strategy ring --transport object-store)"
+        return None
+
+    def cannot_emulate_peers(self, cfg: RunConfig) -> str | None:
+        """The ring's neighbour exchange over the object store, uncompressed, plays emulated peers
+        (testbed.allreduce.relay): a real worker computes what its segment sends on."""
+        if self.library:
+            return "hands each bucket to torch.distributed, which needs every rank real"
+        if cfg.ring.algorithm != "ring" or cfg.ring.transport != "object-store" or cfg.compression.kind != "none":
+            return (f"plays emulated peers with --algorithm ring over --transport object-store, uncompressed "
+                    f"(got --algorithm {cfg.ring.algorithm}, --transport {cfg.ring.transport}, "
+                    f"--compression {cfg.compression.kind})")
         return None
 
     def cannot_share_gpu(self, cfg: RunConfig) -> str | None:

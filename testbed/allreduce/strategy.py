@@ -30,6 +30,7 @@ from testbed.allreduce.algorithms import ALGORITHMS, groups_from_nodes, groups_o
 from testbed.allreduce.peer import RingPeer, wire_ring
 from testbed.analysis.records import Recorder, UpdateRecord
 from testbed.emulation.faults import NonFiniteGradient
+from testbed.emulation.peers import real_positions
 from testbed.runtime import remote
 from testbed.strategies.contract import Strategy
 from testbed.workloads.base import unflatten
@@ -43,7 +44,9 @@ class RingAllreduce(Strategy):
     def setup(self) -> None:
         cfg = self.config
         self.library = self.spec.library
-        self.peers = remote.spawn(self.peer_class, self.cluster, cfg.workers, cfg, device=self.cluster.device,
+        # the real workers only, where the others are emulated peers (--real-workers, testbed.allreduce.relay)
+        self.positions = real_positions(cfg.workers, cfg.real_workers)
+        self.peers = remote.spawn(self.peer_class, self.cluster, cfg.real_workers, cfg, device=self.cluster.device,
                                   concurrency=CONCURRENCY, library=self.library,
                                   max_restarts=cfg.faults.max_restarts)
         t = cfg.cluster.timeout_s
@@ -103,7 +106,7 @@ class RingAllreduce(Strategy):
             last_end = max(i["t_end"] for i in infos)
             applied = all(i["applied"] for i in infos)
             for r, info in enumerate(infos):
-                self.record(recorder, r, step, info, version_read=step,
+                self.record(recorder, self.positions[r], step, info, version_read=step,
                             version_applied=step if applied else None,
                             wait_s=(info["t_start"] - t_issue) + (last_end - info["t_end"]) + info["apply_s"])
                 self.bucket_s.append(info["bucket_s"])

@@ -73,6 +73,9 @@ SUMMARY = {
     "strategy": ("", "strategy name"),
     "workers": ("", "N"),
     "worker_nodes": ("count", "distinct Ray nodes the workers ran on (`node` in steps.parquet)"),
+    "real_workers": ("count", "workers started as processes (`--real-workers`); the others were emulated "
+                              "peers, played by them, with no records of their own (docs/emulation.md, "
+                              "\"Emulated peers\")"),
     "actor_nodes": ("count", "distinct Ray nodes the run's actors (workers and servers) were placed on "
                              "at its start; more than 1 makes a calibrated prediction use the "
                              "inter-node link"),

@@ -3,7 +3,8 @@
 Definitions (the README and results/README.md repeat them):
 - training wall time: first worker iteration's start -> last model update.
 - step time: interval between consecutive model updates (the first from the first start).
-- samples/s: samples of gradients that were applied, / training wall time.
+- samples/s: samples of gradients that were applied, / training wall time; a real worker's
+  samples count once for it and once for each emulated peer it plays (`weights`).
 - compute / comm / wait fractions: shares of the summed worker time; an injected straggler
   delay counts as compute (the worker is slow), and is also reported on its own.
 - bytes per worker per step: mean logical bytes a worker sent per iteration.
@@ -23,8 +24,9 @@ def _pct(values: np.ndarray, q: float) -> float | None:
 
 
 def summarize(steps: pd.DataFrame, updates: pd.DataFrame, *, strategy: str, workers: int,
-              status: str) -> dict[str, Any]:
-    """Derive the summary of one run from its raw tables."""
+              status: str, weights: dict[int, int] | None = None) -> dict[str, Any]:
+    """Derive the summary of one run from its raw tables. `weights`: worker -> the workers it
+    stands for, where some are emulated peers (testbed.emulation.peers.weights)."""
     n_updates = len(updates)
     applied = steps[steps["version_applied"].notna()] if len(steps) else steps
     out: dict[str, Any] = {"strategy": strategy, "workers": workers, "steps": n_updates,
@@ -53,7 +55,7 @@ def summarize(steps: pd.DataFrame, updates: pd.DataFrame, *, strategy: str, work
     stale = applied["staleness"].to_numpy(dtype=float)
     out.update({
         "train_wall_s": wall,
-        "samples_per_s": float(applied["samples"].sum()) / wall,
+        "samples_per_s": _samples(applied, weights) / wall,
         "updates_per_s": n_updates / wall,
         "step_time_p50_s": _pct(intervals, 50),
         "step_time_p95_s": _pct(intervals, 95),
@@ -74,6 +76,12 @@ def summarize(steps: pd.DataFrame, updates: pd.DataFrame, *, strategy: str, work
         "straggler_attribution": straggler_attribution(steps),
     })
     return out
+
+
+def _samples(applied: pd.DataFrame, weights: dict[int, int] | None) -> float:
+    if not weights or all(w == 1 for w in weights.values()):
+        return float(applied["samples"].sum())
+    return float((applied["samples"] * applied["worker"].map(weights).fillna(1)).sum())
 
 
 def straggler_attribution(steps: pd.DataFrame) -> dict[int, dict[str, float]]:

@@ -48,7 +48,22 @@ def check_dilation(value: Any) -> str | None:
 
 _FACTOR = real(1, 100_000, fix="use a factor >= 1, e.g. 10, or auto")
 
+
+def parse_real_workers(text: str) -> int | str:
+    """--real-workers: a count, or AUTO."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"--real-workers {text!r}: use a count of workers >= 1, e.g. 8, or auto") from None
+
+
+def check_real_workers(value: Any) -> str | None:
+    return None if value == AUTO else _REAL_COUNT(value)
+
 MAX_WORKERS = 4096  # far past what one Ray cluster here can place; resources are checked later
+_REAL_COUNT = integer(1, MAX_WORKERS, "use a count of workers >= 1, e.g. 8, or auto")
 DEVICES = ("auto", "cpu", "cuda")
 PLACEMENTS = ("pack", "spread")
 
@@ -74,6 +89,14 @@ class ClusterConfig:
                                                "sharing is allowed: testbed.config.validate)")
     timeout_s: float = opt(120.0, flag="--timeout", check=real(0, None, low_ok=False, fix="use seconds > 0, e.g. 120"),
                            help="seconds any remote wait may take (a hang becomes an error or a restart)")
+    real_workers: int | str | None = opt(None, metavar="K|auto", parse=parse_real_workers, check=check_real_workers,
+                                         help="start K of the workers as processes; they play the others, emulated "
+                                              "peers at the model's times (docs/emulation.md, \"Emulated peers\"); "
+                                              "auto: every worker up to 32, beyond, 16 where the strategy has "
+                                              "emulated peers (default: auto)")
+
+    def __post_init__(self) -> None:
+        _parse_fields(self)  # --real-workers: a count, or AUTO
 
 
 @dataclass(frozen=True)
@@ -260,6 +283,14 @@ class RunConfig:
             else:
                 out[name] = _as_data(value)
         return out
+
+    @property
+    def real_workers(self) -> int:
+        """The workers started as processes: --real-workers (validation resolves auto), every
+        worker in a config built in code and never validated. The rest are emulated peers
+        (testbed.emulation.peers)."""
+        k = self.cluster.real_workers
+        return k if isinstance(k, int) else self.workers
 
     @property
     def grad_bytes_logical(self) -> int | None:

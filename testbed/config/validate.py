@@ -18,6 +18,7 @@ from testbed.config.calibration import load_calibration
 from testbed.config.datafiles import probe
 from testbed.config.faultspec import check_faults
 from testbed.config.schema import (
+    AUTO,
     ConfigError,
     RunConfig,
     default_of,
@@ -74,6 +75,7 @@ def validate(cfg: RunConfig, specs: Mapping[str, Any]) -> RunConfig:
         if f.target == "worker" and f.kind not in spec.fault_kinds:
             fail("faults.fail", f.to_text(), f"--strategy {cfg.strategy} workers cannot fire '{f.kind}' "
                  f"faults; use one of {', '.join(spec.fault_kinds)}")
+    cfg = _resolve_real_workers(cfg, spec)
     if cfg.cluster.workers_per_process is None:
         k = auto_workers_per_process(cfg, specs)
         cfg = replace(cfg, cluster=replace(cfg.cluster, workers_per_process=k))
@@ -83,6 +85,8 @@ def validate(cfg: RunConfig, specs: Mapping[str, Any]) -> RunConfig:
     return cfg
 
 
+AUTO_ALL_REAL = 32  # --real-workers auto: every worker real up to this many workers
+AUTO_REAL = 16  # beyond, this many real workers where the run can have emulated peers
 AUTO_ALONE = 16  # up to this many workers, the automatic choice is one process per worker
 AUTO_PROCESSES = 8  # beyond, the most worker processes it starts on one local Ray
 
@@ -101,7 +105,7 @@ def auto_workers_per_process(cfg: RunConfig, specs: Mapping[str, Any]) -> int:
     19.9 s in 16 (actors 5.2 s against 10.3 s, steps 1.5 s against 2.4 s on the real transport: 16
     processes on 2 cores mostly wait for each other). Up to 16 workers nothing changes, so every
     run of the earlier versions at N <= 16 (the regression baselines among them) is the same."""
-    n = cfg.workers
+    n = cfg.real_workers  # processes host the real workers only (testbed.emulation.peers)
     if (n <= AUTO_ALONE or cfg.cluster.address or os.environ.get("RAY_ADDRESS")
             or sharing_refused(cfg, specs[cfg.strategy])):
         return 1
@@ -131,8 +135,32 @@ def _validate_hosting(cfg: RunConfig, specs: Mapping[str, Any]) -> None:
     why = sharing_refused(cfg, specs[cfg.strategy])
     if why:
         fail("cluster.workers_per_process", k, why)
-    if k > cfg.workers:
-        fail("cluster.workers_per_process", k, f"there are only {cfg.workers} workers; use at most {cfg.workers}")
+    if k > cfg.real_workers:
+        fail("cluster.workers_per_process", k, f"there are only {cfg.real_workers} real workers; use at most "
+             f"{cfg.real_workers}")
+
+
+def _resolve_real_workers(cfg: RunConfig, spec: Any) -> RunConfig:
+    """--real-workers: auto made a count (every worker up to AUTO_ALL_REAL, beyond, AUTO_REAL where
+    the run can have emulated peers), a count checked against the run (testbed.emulation.peers)."""
+    k, n = cfg.cluster.real_workers, cfg.workers
+    why = spec.cannot_emulate_peers(cfg)
+    if k is None or k == AUTO:
+        can = cfg.network.emulated and not why and not cfg.faults.fail.items
+        return replace(cfg, cluster=replace(cfg.cluster, real_workers=AUTO_REAL if can and n > AUTO_ALL_REAL else n))
+    if k > n:
+        fail("cluster.real_workers", k, f"there are only {n} workers (--workers {n}); use at most {n}, or auto")
+    if k == n:
+        return cfg
+    if not cfg.network.emulated:
+        fail("cluster.real_workers", k, f"emulated peers send at the emulated network's times; add --bandwidth, "
+             f"e.g. 10Gbit, or use --real-workers {n}")
+    if why:
+        fail("cluster.real_workers", k, f"--strategy {cfg.strategy} {why}; use --real-workers {n} (every worker real)")
+    if cfg.faults.fail.items:
+        fail("cluster.real_workers", k, f"an injected fault needs every worker real; use --real-workers {n} "
+             "with --fail")
+    return cfg
 
 
 def _given(key: str, cfg: RunConfig) -> bool:

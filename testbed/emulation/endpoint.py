@@ -37,8 +37,10 @@ class Endpoint:
     def emulated(self) -> bool:
         return self.nic is not None
 
-    def send(self, nbytes: int) -> float | None:
+    def send(self, nbytes: int, at: float | None = None) -> float | None:
         """Queue nbytes on the egress; return the departure stamp that travels with the message.
+        `at`: when the message is ready to leave in the emulated cluster (default: now; the ring
+        with emulated peers sends at the model's times, testbed.allreduce.relay).
 
         The sender need not sleep: its egress reservation alone delays its later messages, and
         the receiver waits until delivery. So real transport latency (a Ray call takes about a
@@ -50,21 +52,33 @@ class Endpoint:
         self.bytes_out += nbytes
         if self.nic is None:
             return None
-        return self.nic.reserve_egress(nbytes, time.time())[0]
+        return self.nic.reserve_egress(nbytes, time.time() if at is None else at)[0]
 
-    def delivery(self, nbytes: int, departure: float | None, arrived: float | None = None) -> float:
+    def delivery(self, nbytes: int, departure: float | None, arrived: float | None = None,
+                 timed: bool = True) -> float:
         """Reserve the ingress for a message that arrived at `arrived` (default: now); return when
-        it is delivered (its arrival in real mode). Arriving after that time counts as lateness."""
+        it is delivered (its arrival in real mode). Arriving after that time counts as lateness,
+        unless not `timed`: a message of a schedule computed at the model's times, which only
+        has to end on time (`finish`; the ring with emulated peers, testbed.allreduce.relay)."""
         self.bytes_in += nbytes
         now = time.time() if arrived is None else arrived
         if self.nic is None or departure is None:
             return now
         due = self.nic.reserve_ingress(nbytes, departure)
         self.messages_in += 1
-        if now > due:
+        if timed and now > due:
             self.late_s += now - due
             self.late_messages += 1
         return due
+
+    def finish(self, due: float) -> None:
+        """A schedule computed at the model's times ends at `due`: sleep until then. Being past it
+        already is the lateness of the whole schedule: what this machine added to the model."""
+        now = time.time()
+        if now > due:
+            self.late_s += now - due
+            self.late_messages += 1
+        sleep_until(due)
 
     def take_late(self) -> float:
         """Lateness since the last call (what a report carries)."""

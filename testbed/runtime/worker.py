@@ -79,6 +79,7 @@ class WorkerBase:
         # mapreduce / PS gradients leave compressed (the ring family compresses per bucket itself)
         self.compressors: dict[tuple[int, int], Compressor] = {}
         self.compression = config.compression if config.compression.kind != "none" else None
+        self.stretch: Any = None
 
     # ---- plumbing shared by every strategy
     def ping(self) -> int:
@@ -139,6 +140,7 @@ class WorkerBase:
         """
         fault = self.inject(iteration)
         stretch = self.stragglers.stretch(self.rank, iteration)
+        self.stretch = stretch  # this iteration's, while it computes (the ring's emulated peers read it)
         t0 = time.time()
         if buckets is None:
             grad, loss, samples = self.workload.gradient(batch)

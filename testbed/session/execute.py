@@ -46,6 +46,7 @@ from testbed.emulation.faults import (
     ServerLost,
     not_reached,
 )
+from testbed.emulation.peers import weights
 from testbed.runtime.cluster import Cluster
 from testbed.runtime.rayprocs import RayMessages, end_ray_processes, silence_stderr
 from testbed.session.evaluation import Evaluator
@@ -88,7 +89,7 @@ def execute(cfg: RunConfig, *, run_id: str | None = None, launched: float | None
     from testbed.strategies import registry
 
     spec = registry.SPECS[cfg.strategy]
-    cluster = Cluster(cfg.cluster, workers=cfg.workers, servers=spec.servers(cfg),
+    cluster = Cluster(cfg.cluster, workers=cfg.real_workers, servers=spec.servers(cfg),
                       torch_workers=cfg.workload.imports_torch, colocated=spec.colocated_servers(cfg),
                       gpu_exclusive=spec.cannot_share_gpu(cfg), workload=cfg.workload)
     with INTERRUPTS as interrupts:
@@ -354,7 +355,9 @@ def summarize_run(spec: StrategySpec, cfg: RunConfig, steps: Any, updates: Any, 
     """The summary of one run from its records: statistics, the model beside them, extras."""
     from testbed.analysis.metrics import summarize
 
-    summary = summarize(steps, updates, strategy=cfg.strategy, workers=cfg.workers, status=status)
+    summary = summarize(steps, updates, strategy=cfg.strategy, workers=cfg.workers, status=status,
+                        weights=weights(cfg.workers, cfg.real_workers))
+    summary["real_workers"] = cfg.real_workers
     summary["workload"] = cfg.workload.name
     summary["tensors"] = tensor_count(cfg.workload)
     summary["dilation"] = cfg.network.factor

@@ -108,6 +108,11 @@ class StrategySpec(ABC):
         or None where they can: where they talk by actor calls or links it can make in-process."""
         return "its workers are linked process to process"
 
+    def cannot_emulate_peers(self, cfg: RunConfig) -> str | None:
+        """Why its runs cannot have emulated peers (--real-workers below --workers,
+        testbed.emulation.peers), or None where its package plays them."""
+        return "has no emulated peers yet (its workers' messages are all real)"
+
     def cannot_share_gpu(self, cfg: RunConfig) -> str | None:
         """Why its workers need a GPU each under --device cuda, with the fix, or None where several
         workers may share one GPU (each holds its replica there and moves bytes through the host)."""

@@ -21,6 +21,9 @@ order, and Adam, which divides by sqrt(v), turns the last-bit difference of a gr
 into a difference of a whole step (measured: 6e-4 after two steps of a ResNet at 2 threads, 5e-7
 at 1).
 
+With emulated peers (--real-workers K < N) worker x's slice is its real owner's
+(testbed.emulation.peers): the mean gradient weighs each real worker by the workers it stands for.
+
 The synthetic workload's `--compute-ms` is time, not arithmetic: the reference skips it (a
 30-step run of 3 workers at 100 ms would otherwise sleep 9 s here for the same parameters).
 """
@@ -34,6 +37,7 @@ from dataclasses import replace
 import numpy as np
 
 from testbed.config import RunConfig
+from testbed.emulation.peers import owner
 from testbed.training.optim import Optimizer, mean_gradient, optimizer_for
 from testbed.workloads import Workload, make_workload
 
@@ -46,10 +50,13 @@ def reference_training(cfg: RunConfig, steps: int | None = None, device: str = "
                               device=device)
         optimizer = Optimizer(optimizer_for(cfg.workload))
         params = model.get_params()
+        # worker x's gradient: its own, or, for an emulated peer, its real owner's (emulation.peers)
+        sources = {x: owner(cfg.workers, cfg.real_workers, x) for x in range(cfg.workers)}
         for i in range(cfg.steps if steps is None else steps):
             model.set_params(params)
-            grads = [np.asarray(model.gradient(model.batch(r, i))[0], dtype=np.float32) for r in range(cfg.workers)]
-            optimizer.step(params, mean_gradient(grads))
+            real = {q: np.asarray(model.gradient(model.batch(q, i))[0], dtype=np.float32)
+                    for q in sorted(set(sources.values()))}
+            optimizer.step(params, mean_gradient([real[sources[x]] for x in range(cfg.workers)]))
     return params
 
 

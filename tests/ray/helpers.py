@@ -31,7 +31,7 @@ def run_strategy(cfg: RunConfig, *, workdir: str | None = None) -> dict[str, Any
     """Run cfg's strategy; return flat params, records as DataFrames, the summary and its extras."""
     spec = SPECS[cfg.strategy]
     rec = Recorder()
-    cluster = Cluster(cfg.cluster, workers=cfg.workers, servers=spec.servers(cfg),
+    cluster = Cluster(cfg.cluster, workers=cfg.real_workers, servers=spec.servers(cfg),
                       torch_workers=cfg.workload.imports_torch)
     with cluster, spec.create(cfg, cluster, workdir=workdir) as strategy:
         rec.dilate(cfg.network.dilation, origin=time.time())

@@ -152,3 +152,22 @@ def test_scaled_payload_counts_logical_bytes():
     k = out["extra"]["grad_bytes_logical"]
     assert k == 2**20
     assert out["steps"]["bytes_sent"].iloc[0] == pytest.approx(k, rel=0.01)  # 2K(N-1)/N = K at N=2
+
+
+def test_emulated_peers_records_name_the_real_positions_and_samples_count_every_worker():
+    """--real-workers 3 of 10: records of workers 0, 3 and 6 only; the summary says 3 real, and
+    samples/s counts the 10 batches of a step (each real worker's once per worker it stands for);
+    a message per batch of segment steps, so a real worker sends the bytes of a worker of 10."""
+    base = {"strategy": "ring", "workers": 10, "steps": 3, "network.bandwidth": "10Gbit",
+            "workload.grad_mb": 0.04, "workload.compute_ms": 20.0}
+    out = run_strategy(make_config(**base, **{"cluster.real_workers": 3}))
+    steps, s = out["steps"], out["summary"]
+    assert sorted(steps["worker"].unique()) == [0, 3, 6]
+    assert s["real_workers"] == 3 and s["workers"] == 10
+    per_step = steps.groupby("iteration")["samples"].sum()
+    assert (per_step == 3 * steps["samples"].iloc[0]).all()
+    wall = s["train_wall_s"]
+    np.testing.assert_allclose(s["samples_per_s"], 10 * steps["samples"].iloc[0] * len(per_step) / wall, rtol=1e-9)
+    np.testing.assert_allclose(steps["bytes_sent"], s["predicted_bytes_sent_per_worker_per_step"], rtol=0.01)
+    for rep in out["replicas"]:  # every real worker holds the same parameters
+        np.testing.assert_array_equal(rep, out["replicas"][0])

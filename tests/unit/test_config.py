@@ -46,7 +46,8 @@ def rejects(make, flag, value):
 
 
 def passes(cfg):
-    """Valid: returned as it is, but for the automatic choices (--workers-per-process, and
+    """Valid: returned as it is, but for the automatic choices (--workers-per-process,
+    --real-workers, and
     --dilation left out: auto where the network is emulated and the compute synthetic, else 1),
     and validating the result again changes nothing."""
     out = validate(cfg, SPECS)
@@ -58,12 +59,18 @@ def passes(cfg):
         d = "auto" if cfg.network.emulated and not cfg.workload.real_compute else 1.0
     assert out.network.dilation == d
     made = replace(cfg, network=replace(cfg.network, dilation=d))
-    assert out == (made if given else replace(made, cluster=replace(cfg.cluster, workers_per_process=k)))
+    real = out.cluster.real_workers  # --real-workers auto made a count
+    assert isinstance(real, int) and 1 <= real <= cfg.workers
+    if cfg.cluster.real_workers in (None, "auto"):
+        made = replace(made, cluster=replace(made.cluster, real_workers=real))
+    assert out == (made if given else replace(made, cluster=replace(made.cluster, workers_per_process=k)))
     assert validate(out, SPECS) == out
 
 
 # (rule id, overrides, flag, value named in the message)
 # --workers-per-process 2 where it applies (testbed.runtime.hosting)
+# a ring of 8 on an emulated network, where some workers may be emulated peers (testbed.emulation.peers)
+EMULATED_RING = {"strategy": "ring", "workers": 8, "workload.name": "synthetic", "network.bandwidth": "10Gbit"}
 HOSTED = {"strategy": "ps-sync", "workers": 4, "workload.name": "synthetic", "cluster.workers_per_process": 2}
 BAD = [
     ("strategy-unknown", {"strategy": "nope"}, "--strategy", "nope"),
@@ -172,6 +179,24 @@ BAD = [
     ("hosting-with-faults", {**HOSTED, "faults.fail": "worker=1,at=2"}, "--workers-per-process", 2),
     ("hosting-colocated", {**HOSTED, "ps.servers": 2, "ps.placement": "colocated"}, "--workers-per-process", 2),
     ("hosting-beyond-workers", {**HOSTED, "workers": 1}, "--workers-per-process", 2),
+    ("real-workers-zero", {**EMULATED_RING, "cluster.real_workers": 0}, "--real-workers", 0),
+    ("real-workers-text", {**EMULATED_RING, "cluster.real_workers": "many"}, "--real-workers", "many"),
+    ("real-workers-above", {**EMULATED_RING, "cluster.real_workers": 9}, "--real-workers", 9),
+    ("real-workers-real-network", {**EMULATED_RING, "network.bandwidth": None, "cluster.real_workers": 2},
+     "--real-workers", 2),
+    ("real-workers-ps", {**EMULATED_RING, "strategy": "ps-sync", "cluster.real_workers": 2}, "--real-workers", 2),
+    ("real-workers-torch", {**EMULATED_RING, "strategy": "allreduce-torch", "network.bandwidth": None,
+                            "cluster.real_workers": 2}, "--real-workers", 2),
+    ("real-workers-algorithm", {**EMULATED_RING, "ring.algorithm": "halving-doubling", "cluster.real_workers": 2},
+     "--real-workers", 2),
+    ("real-workers-fp16", {**EMULATED_RING, "compression": "fp16", "cluster.real_workers": 2}, "--real-workers", 2),
+    ("real-workers-fail", {**EMULATED_RING, "faults.fail": "worker=0,at=2", "cluster.real_workers": 2},
+     "--real-workers", 2),
+    ("real-workers-hosting", {**EMULATED_RING, "cluster.real_workers": 2, "cluster.workers_per_process": 4},
+     "--workers-per-process", 4),
+    ("fidelity-budget-zero", {**EMULATED_RING, "network.fidelity_budget_s": 0.0}, "--fidelity-budget", 0.0),
+    ("fidelity-budget-nan", {**EMULATED_RING, "network.fidelity_budget_s": float("nan")}, "--fidelity-budget",
+     float("nan")),
 ]
 
 
@@ -220,12 +245,28 @@ GOOD = [
     ("hosting-ps", HOSTED),
     ("hosting-ring", {**HOSTED, "strategy": "ring"}),
     ("hosting-mapreduce", {**HOSTED, "strategy": "mapreduce", "workers": 5, "cluster.workers_per_process": 5}),
+    ("real-workers-one", {**EMULATED_RING, "cluster.real_workers": 1}),
+    ("real-workers-all", {**EMULATED_RING, "cluster.real_workers": 8}),
+    ("real-workers-all-real-network", {**EMULATED_RING, "network.bandwidth": None, "cluster.real_workers": 8}),
+    ("real-workers-auto", {**EMULATED_RING, "cluster.real_workers": "auto"}),
+    ("real-workers-hosted", {**EMULATED_RING, "cluster.real_workers": 4, "cluster.workers_per_process": 2}),
 ]
 
 
 @pytest.mark.parametrize("overrides", [g[1] for g in GOOD], ids=[g[0] for g in GOOD])
 def test_rule_accepts_good_value(base, overrides):
     passes(with_overrides(base, **overrides))
+
+
+def test_real_workers_auto_keeps_every_worker_real_up_to_32_and_plays_peers_beyond_where_it_can(base):
+    def real(**changes):
+        return validate(with_overrides(base, **{**EMULATED_RING, **changes}), SPECS).cluster.real_workers
+
+    assert real(workers=32) == 32
+    assert real(workers=33) == real(workers=1024) == 16
+    assert real(workers=64, **{"network.bandwidth": None}) == 64  # no emulated network: all real
+    assert real(workers=64, strategy="ps-sync") == 64  # no emulated peers there (yet): all real
+    assert real(workers=64, **{"faults.fail": "worker=0,at=2"}) == 64
 
 
 def test_strategy_error_lists_the_choices(base):
@@ -347,9 +388,10 @@ def test_derived_properties():
 def test_parse_config_defaults_equal_the_dataclass_defaults(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # default --out is relative
     # but for the automatic choices, made by validation: --workers-per-process (1 at the default
-    # 8 workers) and --dilation (1 on the real network)
+    # 8 workers), --real-workers (all of them) and --dilation (1 on the real network)
     auto = RunConfig()
-    assert parse_config([], SPECS) == replace(auto, cluster=replace(auto.cluster, workers_per_process=1),
+    assert parse_config([], SPECS) == replace(auto, cluster=replace(auto.cluster, workers_per_process=1,
+                                                                    real_workers=auto.workers),
                                               network=replace(auto.network, dilation=1.0))
 
 
