@@ -171,3 +171,13 @@ def test_emulated_peers_records_name_the_real_positions_and_samples_count_every_
     np.testing.assert_allclose(steps["bytes_sent"], s["predicted_bytes_sent_per_worker_per_step"], rtol=0.01)
     for rep in out["replicas"]:  # every real worker holds the same parameters
         np.testing.assert_array_equal(rep, out["replicas"][0])
+
+
+def test_a_straggling_emulated_peer_holds_the_ring_back():
+    """Worker 5 of 8 is an emulated peer (real workers 0 and 4); its 300 ms delay reaches every
+    step through the ring's schedule, as a real straggler's would (a bound: never shorter)."""
+    base = {"strategy": "ring", "workers": 8, "steps": 3, "network.bandwidth": "10Gbit",
+            "workload.compute_ms": 10.0, "cluster.real_workers": 2, "ring.overlap": False}
+    out = run_strategy(make_config(**base, straggler="fixed:worker=5,delay=300ms"))
+    assert out["summary"]["step_time_p50_s"] >= 0.3
+    assert (out["steps"]["injected_delay_s"] == 0).all()  # neither real worker straggled
