@@ -10,7 +10,9 @@ search measures as it goes instead of trusting one run's advice, and a worked sc
               run's, and the run is not repeated (the search's last row names it)
     stop      a faithful trial; a trial that says raising D cannot help; a next trial and the
               run that would not both fit in --fidelity-budget (estimated from the trials' own
-              start-up and step times)
+              start-up and step times) -- but where the run can have emulated peers
+              (testbed.emulation.peers), it first goes on with half the real workers at the
+              same factor, while a trial still fits and there is more than one
     the run   at the faithful trial's factor, else at the largest factor measured; its summary
               adds `dilation_search` (one row per trial), `dilation_search_result` (one line) and
               `dilation_search_s`; `emulation_faithful` says, as for every emulated run, whether
@@ -58,7 +60,7 @@ def execute_auto(cfg: RunConfig, execute: Callable[..., Any], *, run_id: str | N
             except Exception:  # noqa: BLE001 - the run below reports why Ray cannot start, as any run does
                 started = False
             t0 = time.monotonic()
-            factor, trials, result, last = _search(cfg, search_dir, t0, execute, start)
+            cfg, factor, trials, result, last = _search(cfg, search_dir, t0, execute, start)
             if last is not None and last.exit_code == 130:  # interrupted during a trial: the command ends
                 return last
             annotate = {"dilation_search": trials, "dilation_search_result": result,
@@ -92,11 +94,27 @@ def _promote(trial: Any, cfg: RunConfig, run_id: str, annotate: dict[str, Any]) 
     return dataclasses.replace(trial, folder=folder, summary=shown)
 
 
+def fewer_real_workers(cfg: RunConfig) -> RunConfig | None:
+    """cfg with half its real workers (the rest emulated peers, testbed.emulation.peers), or None
+    where it has one, or cannot have emulated peers: what the search tries when the budget buys
+    no larger factor, since fewer real workers cost this machine less per step."""
+    from testbed.strategies.registry import SPECS
+
+    k = cfg.real_workers
+    if (k <= 1 or not cfg.network.emulated or cfg.faults.fail.items
+            or SPECS[cfg.strategy].cannot_emulate_peers(cfg) is not None):
+        return None
+    per_process = min(cfg.cluster.workers_per_process or 1, k // 2)
+    return with_overrides(cfg, **{"cluster.real_workers": k // 2, "cluster.workers_per_process": per_process})
+
+
 def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
-            start: float = 1.0) -> tuple[float, list[dict[str, Any]], str, Any]:
-    """(factor for the run, trial rows, the one-line result, Outcome or None): the Outcome of an
-    interrupted trial, or of the last trial where each trial ran the whole run (the run goes at
-    the last trial's factor, so that trial is the run, faithful or not)."""
+            start: float = 1.0) -> tuple[RunConfig, float, list[dict[str, Any]], str, Any]:
+    """(the config for the run, its factor, trial rows, the one-line result, Outcome or None): the
+    Outcome of an interrupted trial, or of the last trial where each trial ran the whole run (the
+    run goes at the last trial's factor, so that trial is the run, faithful or not). Where the
+    budget buys no larger factor, the search goes on with half the real workers (the others
+    emulated peers) at the same factor, while there are fewer to have."""
     from testbed.strategies.registry import SPECS
 
     per_step = 1 if SPECS[cfg.strategy].synchronous(cfg) else cfg.workers
@@ -114,22 +132,23 @@ def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
                                    **{"network.dilation": factor, "eval.every": 0, "faults.fail": Faults()})
         outcome = execute(trial)
         if outcome.exit_code == 130:
-            return factor, trials, "interrupted", outcome
+            return cfg, factor, trials, "interrupted", outcome
         s = outcome.summary or {}
         row = {"dilation": factor, "status": s.get("status", "failed"),
                "emulation_fidelity": s.get("emulation_fidelity"), "emulation_leak_frac": s.get("emulation_leak_frac"),
                "step_time_mean_s": s.get("step_time_mean_s"), "wall_s": time.monotonic() - start,
-               "run_id": outcome.folder.name if outcome.folder else None}
+               "run_id": outcome.folder.name if outcome.folder else None, "real_workers": cfg.real_workers}
         row["faithful"] = faithful(row["emulation_fidelity"], row["emulation_leak_frac"])
         trials.append(row)
         if row["status"] != "completed":
-            return factor, trials, f"a trial at --dilation {factor:g} ended {row['status']}: {outcome.error_line}", None
+            return cfg, factor, trials, f"a trial at --dilation {factor:g} ended {row['status']}: {outcome.error_line}", None
 
-        def stop(result: str, factor: float = factor, outcome: Any = outcome) -> tuple[float, list[dict[str, Any]], str, Any]:
+        def stop(result: str, factor: float = factor, outcome: Any = outcome,
+                 cfg: RunConfig = cfg) -> tuple[RunConfig, float, list[dict[str, Any]], str, Any]:
             """The run goes at this trial's factor: where the trial was the whole run, it is the run."""
             if whole:
-                return factor, trials, f"{result}; the last trial was the run", outcome
-            return factor, trials, result, None
+                return cfg, factor, trials, f"{result}; the last trial was the run", outcome
+            return cfg, factor, trials, result, None
 
         if row["faithful"] is None:
             return stop(f"a trial at --dilation {factor:g} measured no fidelity (no prediction beside it)")
@@ -144,7 +163,13 @@ def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
         step_s = float(row["step_time_mean_s"] or 0.0)
         setup_s = max(0.0, row["wall_s"] - trial_steps * step_s * factor)
         after = 0 if whole else cfg.steps  # a whole trial leaves no run to pay for after it
-        nxt = affordable_factor(nxt, trial_steps, after, step_s, setup_s, budget - (time.monotonic() - t0))
+        left = budget - (time.monotonic() - t0)
+        nxt = affordable_factor(nxt, trial_steps, after, step_s, setup_s, left)
+        fewer = fewer_real_workers(cfg)
+        if nxt < factor * MIN_RAISE and fewer is not None and affordable_factor(
+                factor, trial_steps, after, step_s, setup_s, left) >= factor:
+            cfg = fewer  # the same factor, half the real workers: less of this machine per step
+            continue
         if nxt < factor * MIN_RAISE:
             return stop(f"not faithful: {measured}; --fidelity-budget {budget:g} s buys no larger factor "
                         "(raise it, or use fewer workers)")

@@ -1,0 +1,50 @@
+"""The --dilation auto search (testbed.session.autodilate) with trials made up by the test: where
+the budget buys no larger factor, it goes on with half the real workers before it gives up."""
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from testbed.config import RunConfig, validate, with_overrides
+from testbed.session.autodilate import _search, fewer_real_workers
+from testbed.strategies.registry import SPECS
+
+
+def config(**changes):
+    base = with_overrides(RunConfig(strategy="ring", workers=64, steps=4), **{
+        "workload.name": "synthetic", "network.bandwidth": "10Gbit", "network.fidelity_budget_s": 300.0})
+    return validate(with_overrides(base, **changes), SPECS)
+
+
+def trials_where(faithful_at_most: int):
+    """Trials faithful with at most that many real workers; each step lasts 70 s, so at any factor
+    above 1 a trial outgrows the 300 s budget, and at 1 it fits."""
+    seen = []
+
+    def execute(cfg):
+        seen.append((cfg.network.dilation, cfg.real_workers))
+        fid = 1.0 if cfg.real_workers <= faithful_at_most else 2.0
+        return SimpleNamespace(exit_code=0, folder=None, error_line=None, summary={
+            "status": "completed", "emulation_fidelity": fid, "emulation_leak_frac": 0.0, "step_time_mean_s": 70.0})
+    return execute, seen
+
+
+def test_an_unaffordable_factor_halves_the_real_workers_at_the_same_factor_until_faithful(tmp_path: Path):
+    execute, seen = trials_where(faithful_at_most=4)
+    cfg, factor, trials, result, _ = _search(config(), tmp_path, time.monotonic(), execute)
+    assert seen == [(1.0, 16), (1.0, 8), (1.0, 4)]
+    assert (cfg.real_workers, factor) == (4, 1.0) and result.startswith("faithful")
+    assert [t["real_workers"] for t in trials] == [16, 8, 4]
+
+
+def test_it_gives_up_with_one_real_worker_or_where_there_are_no_emulated_peers(tmp_path: Path):
+
+
+    execute, seen = trials_where(faithful_at_most=0)
+    cfg, _, _, result, _ = _search(config(), tmp_path, time.monotonic(), execute)
+    assert [k for _, k in seen] == [16, 8, 4, 2, 1] and cfg.real_workers == 1
+    assert "buys no larger factor" in result
+    execute, seen = trials_where(faithful_at_most=0)
+    _search(config(strategy="ps-sync"), tmp_path, time.monotonic(), execute)
+    assert seen == [(1.0, 64)]
+    assert fewer_real_workers(config(**{"cluster.real_workers": 64, "ring.algorithm": "halving-doubling"})) is None
