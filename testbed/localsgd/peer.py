@@ -45,8 +45,10 @@ class LocalSGDPeer(RingPeer):
         sent = [0, 0]
         if ends_round(iteration, self.local_steps, self.config.steps) and self.n > 1:
             params = self.workload.get_params()
+            ready = time.time()  # every bucket of the replica is ready at once
             for b, idx in enumerate(self.buckets):
-                bucket_s[b], out, into = self._reduce_bucket(iteration, b, self.workload.bucket_view(params, idx))
+                bucket_s[b], out, into = self._reduce_bucket(iteration, b, self.workload.bucket_view(params, idx),
+                                                             ready)
                 sent[0] += out
                 sent[1] += into
             if self.transport is not None:
