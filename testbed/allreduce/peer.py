@@ -36,7 +36,7 @@ from testbed.allreduce.collectives import ring_allreduce, run_schedule, sparse_r
 from testbed.allreduce.relay import Loopback, Relay, relay_allreduce
 from testbed.allreduce.ring import make_buckets
 from testbed.emulation.network import LinkSpec
-from testbed.emulation.peers import real_positions, segment_sizes
+from testbed.emulation.peers import segment_sizes
 from testbed.runtime import hosting
 from testbed.runtime.remote import RemoteTimeout, get
 from testbed.runtime.transport import (
@@ -81,17 +81,14 @@ class RingPeer(WorkerBase):
 
     def __init__(self, config: Any, rank: int, device: str = "cpu", cpus: float = 1.0,
                  library: bool = False) -> None:
-        # with emulated peers (--real-workers K < N) this is real worker `rank` of K, at its
-        # ring position among the N (testbed.emulation.peers); its records name the position
+        # with emulated peers this is real worker `index` at ring position `rank` (WorkerBase)
+        super().__init__(config, rank, device, cpus)
         real, n = config.real_workers, config.workers
-        self.index = rank
-        super().__init__(config, real_positions(n, real)[rank] if real < n else rank, device, cpus)
         self.n = n
         self.relay: Relay | None = None  # the emulated peers after this one (testbed.allreduce.relay)
         if real < n:
-            sizes = segment_sizes(n, real)
-            self.upstream = sizes[rank - 1]  # the emulated peers before this one
-            self.relay = Relay(n, self.rank, sizes[rank], LinkSpec(*config.network.wire), self.logical_factor)
+            self.upstream = segment_sizes(n, real)[self.index - 1]  # the emulated peers before this one
+            self.relay = Relay(n, self.rank, self.segment, LinkSpec(*config.network.wire), self.logical_factor)
         self.library = library  # allreduce-torch: torch.distributed.all_reduce per bucket
         self.mailbox = Mailbox()
         self.transport: Any = None
@@ -257,22 +254,8 @@ class RingPeer(WorkerBase):
         return out
 
     def _peers_ready(self, iteration: int, ready: float) -> np.ndarray:
-        """When each emulated peer of this worker's segment had the bucket: with this worker, plus
-        its own straggler delay beyond this worker's, never earlier (testbed.emulation.peers)."""
-        m = self.relay.m
-        out = np.full(m + 1, ready)
-        model = self.stragglers
-        if not model.specs:
-            return out
-        c = self.stretch.compute_s if self.stretch is not None else 0.0
-
-        def delay(x: int) -> float:
-            return (model.factor(x) - 1.0) * c + model.additive(x, iteration) * model.dilation
-
-        mine = delay(self.rank)
-        for x in range(1, m + 1):
-            out[x] = ready + max(0.0, delay((self.rank + x) % self.n) - mine)
-        return out
+        """When this worker and each emulated peer of its segment had the bucket (peer_delays)."""
+        return np.concatenate([[ready], ready + self.peer_delays(iteration)])
 
     def _allreduce(self, view: Any, tag: Any, b: int) -> tuple[int, int]:
         """Sum one bucket across the peers in place by --algorithm; return wire bytes (sent, recv)."""

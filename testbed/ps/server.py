@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +89,11 @@ class ShardState:
             return self.params.copy(), self.version, time.perf_counter() - t0
 
     def push(self, grad: np.ndarray, version_read: int, worker: int, iteration: int,
-             loss: float, epoch: int = 0, delivered: float = 0.0) -> dict[str, Any]:
-        """Offer a gradient (delivered at `delivered`); return what happened to it.
+             loss: float, epoch: int = 0, delivered: float = 0.0,
+             copies: Sequence[tuple[float, int]] = ()) -> dict[str, Any]:
+        """Offer a gradient (delivered at `delivered`); return what happened to it. `copies`:
+        (delivery, position) of the same gradient pushed by the worker's emulated peers (sync
+        only, testbed.ps.peers): each counts towards the version as a worker of its own.
 
         status: applied / dropped (late, backup workers) / nan (non-finite, never applied) /
         duplicate (retried) / finished / stale-epoch (computed before a rollback). Staleness
@@ -109,13 +113,13 @@ class ShardState:
                 read, at, stale = self.counted[key]
                 return {"status": "duplicate", "version_read": read, "version_applied": at, "staleness": stale}
             self.seen.add(key)
-            ack = self._offer(grad, version_read, worker, iteration, loss, delivered)
+            ack = self._offer(grad, version_read, worker, iteration, loss, delivered, copies)
             if ack["status"] in ("applied", "nan"):
                 self.counted[key] = (version_read, ack["version_applied"], ack["staleness"])
             return ack
 
     def _offer(self, grad: np.ndarray, version_read: int, worker: int, iteration: int,
-               loss: float, delivered: float) -> dict[str, Any]:
+               loss: float, delivered: float, copies: Sequence[tuple[float, int]]) -> dict[str, Any]:
         """A new push, under the lock: apply it (async) or count it towards the version (sync)."""
         if self.finished:
             return {"status": "finished", "version_applied": None, "staleness": None}
@@ -124,7 +128,7 @@ class ShardState:
                 return {"status": "nan", "version_applied": None, "staleness": None}
             grad = None  # counts towards the quorum, never towards the average
         if self.sync:
-            return self._push_sync(grad, version_read, loss, (delivered, worker))
+            return self._push_sync(grad, version_read, loss, [(delivered, worker), *copies])
         t0 = time.perf_counter()
         at = self.version
         self.opt.step(self.params, grad)
@@ -133,11 +137,13 @@ class ShardState:
                 "update": self.updates[-1]}
 
     def _push_sync(self, grad: np.ndarray, version_read: int, loss: float,
-                   arrival: tuple[float, int]) -> dict[str, Any]:
+                   arrivals: list[tuple[float, int]]) -> dict[str, Any]:
+        """`arrivals`: (delivery, position) of the pusher and of each emulated peer it plays."""
         if version_read != self.version:  # a backup worker's late gradient for a past version
             return {"status": "dropped", "version_applied": None, "staleness": None}
-        self.pending.append((arrival[1], None if grad is None else np.asarray(grad, dtype=np.float32), loss))
-        self.arrived.append(arrival)
+        g = None if grad is None else np.asarray(grad, dtype=np.float32)
+        self.pending.extend((x, g, loss) for _, x in arrivals)
+        self.arrived.extend(arrivals)
         at = self.version
         status = "applied" if grad is not None else "nan"
         ack = {"status": status, "version_applied": at if grad is not None else None,
@@ -300,39 +306,51 @@ class ShardActor:
         return self.endpoint.send(self.logical[part])
 
     def pull(self, part: int, min_version: int, timeout: float, epoch: int = 0,
-             worker: int = -1) -> tuple[Any, ...]:
-        """(params, version, seconds waited, departure, epoch) of partition `part`, once its
-        version reaches `min_version`."""
+             worker: int = -1, peers: int = 0) -> tuple[Any, ...]:
+        """(params, version, seconds waited, departure, epoch, peers' departures) of partition
+        `part`, once its version reaches `min_version`; `peers`: how many emulated peers the
+        worker plays (positions worker + 1 ..., testbed.ps.peers), each sent its copy too."""
         t0 = time.time()
         st = self.parts[part]
         params, version, waited = st.pull(min_version, timeout, epoch)
         if waited > 0.0005:
             self._span("wait", t0, t0 + waited)
         departure = self._send(part, worker)
+        copies = [self._send(part, worker + 1 + j) for j in range(peers)]
         if departure is not None:
             sleep_until(departure)
-        return params, version, waited, departure, st.epoch
+        return params, version, waited, departure, st.epoch, copies
 
     def push(self, part: int, grad: np.ndarray, version_read: int, worker: int, iteration: int,
-             loss: float, departure: float | None, epoch: int = 0, pull: float | None = None) -> dict[str, Any]:
+             loss: float, departure: float | None, epoch: int = 0, pull: float | None = None,
+             peers: Sequence[float] = ()) -> dict[str, Any]:
         """Receive (through the NIC), decompress, apply or hold; with `pull` (a timeout), wait for
         the partition's next version and carry it back as ack["pull"] (see `pull`). The ack
-        carries this server's spans so far, so a run that dies keeps the servers' timeline too."""
+        carries this server's spans so far, so a run that dies keeps the servers' timeline too.
+        `peers`: the departures of the same push from the worker's emulated peers (positions
+        worker + 1 ..., testbed.ps.peers): the ingress queues each, in departure order."""
         t0 = time.time()
         st = self.parts[part]
         nbytes = int(grad.nbytes * self.factor)
+        copies: list[tuple[float, int]] = []
         if worker == self.local_worker:
             delivered = t0
         else:
-            delivered = self.endpoint.delivery(nbytes, departure)
-            sleep_until(delivered)
+            due = {}
+            for d, x in sorted([(departure, worker), *((d, worker + 1 + j) for j, d in enumerate(peers))]):
+                # the pusher's own message is late if it arrived after its delivery; its peers'
+                # ride with it, computed (their lateness is the pusher's)
+                due[x] = self.endpoint.delivery(nbytes, d, timed=x == worker)
+            delivered = due.pop(worker)
+            copies = sorted((t, x) for x, t in due.items())
+            sleep_until(max([delivered, *(t for t, _ in copies)]))
         t1 = time.time()
         self._span("recv", t0, t1)
         if part in self.decompressors:
             grad = self.decompressors[part].decompress(grad)
         if self.faults.due(st.version) == "kill":
             os._exit(1)  # injected server death, about to apply this version
-        ack = st.push(grad, version_read, worker, iteration, loss, epoch, delivered)
+        ack = st.push(grad, version_read, worker, iteration, loss, epoch, delivered, copies)
         if "update" in ack:
             self._span("apply", t1, time.time())
             if self.every and ack["update"]["version"] % self.every == 0:
@@ -351,12 +369,12 @@ class ShardActor:
             # next: this worker's iteration is done); otherwise whatever is newest now
             first = ack.get("version_read") if self.sync else None
             wait_for = version_read + 1 if counted else 0 if first is None else first + 1
-            ack["pull"] = self._pull_back(part, version_read, worker, epoch, pull, counted, wait_for)
+            ack["pull"] = self._pull_back(part, version_read, worker, epoch, pull, counted, wait_for, len(peers))
         ack["events"] = self.drain_events()
         return ack
 
     def _pull_back(self, part: int, version_read: int, worker: int, epoch: int, timeout: float,
-                   counted: bool, wait_for: int) -> tuple[Any, ...]:
+                   counted: bool, wait_for: int, peers: int = 0) -> tuple[Any, ...]:
         """The reply of a push-pull: version `wait_for` or newer; its departure was reserved by the
         push that completed the version when this gradient counted towards it, else here. (A
         duplicate -- an iteration redone by a worker that died after its push landed -- must not
@@ -370,15 +388,17 @@ class ShardActor:
         key = (part, version_read + 1, worker)
         if not counted or version != version_read + 1 or st.epoch != epoch:
             departure = self._send(part, worker)
+            copies = [self._send(part, worker + 1 + j) for j in range(peers)]
         else:
             with self.reply_cv:
                 if not self.reply_cv.wait_for(lambda: key in self.replies or st.epoch != epoch, timeout):
                     raise TimeoutError(f"parameter server {self.rank}: the reply of partition {part} "
                                        f"version {version_read + 1} was never scheduled")
-                departure = self.replies.pop(key, None)
+                departure = self.replies.pop(key, None)  # its peers' were reserved in the same loop
+                copies = [self.replies.pop((part, version_read + 1, worker + 1 + j), None) for j in range(peers)]
         if departure is not None:
             sleep_until(departure)  # on the wire no earlier than it leaves: receivers see departure order
-        return params, version, waited, departure, st.epoch
+        return params, version, waited, departure, st.epoch, copies
 
     def version(self) -> int:
         return min((st.version for st in self.parts.values()), default=0)

@@ -25,6 +25,7 @@ import ray
 
 from testbed.analysis.records import Recorder, UpdateRecord
 from testbed.emulation.faults import NonFiniteGradient, RestartsExhausted, ServerLost
+from testbed.emulation.peers import real_positions
 from testbed.ps.partition import partition
 from testbed.ps.schedule import Schedule
 from testbed.ps.server import ShardActor
@@ -39,7 +40,10 @@ class ParameterServer(Strategy):
     def setup(self) -> None:
         cfg, t = self.config, self.config.cluster.timeout_s
         n, s = cfg.workers, cfg.ps.count
-        self.workers = remote.spawn(PSWorker, self.cluster, n, cfg, device=self.cluster.device,
+        # the real workers only, where the others are emulated peers (--real-workers, testbed.ps.peers);
+        # the driver knows them by index, the records by position
+        self.positions = real_positions(n, cfg.real_workers)
+        self.workers = remote.spawn(PSWorker, self.cluster, cfg.real_workers, cfg, device=self.cluster.device,
                                     max_restarts=cfg.faults.max_restarts, concurrency=2)
         self.worker_live = remote.Liveness(self.workers, t, "worker")
         params = remote.get(self.workers[0].get_params.remote(), t, "initial parameters")
@@ -62,7 +66,7 @@ class ParameterServer(Strategy):
             remote.spawn_server(
                 ShardActor, self.cluster, i, cfg,
                 {p: self.parts.bounds[p][1] - self.parts.bounds[p][0] for p in self.parts.on_server(i)},
-                cfg.network, factor, concurrency=2 * n * max(1, len(self.parts.on_server(i))) + 4,
+                cfg.network, factor, concurrency=2 * cfg.real_workers * max(1, len(self.parts.on_server(i))) + 4,
                 max_restarts=cfg.faults.max_restarts, checkpoint_dir=ckpt,
                 checkpoint_every=cfg.faults.checkpoint_every, faults=cfg.faults.fail.items,
                 compression=cfg.compression, nic=self.nics[i], local_worker=i if self.colocated else None,
@@ -75,7 +79,7 @@ class ParameterServer(Strategy):
         remote.get([sh.set_params.remote({p: params[slice(*self.parts.bounds[p])] for p in self.parts.on_server(i)})
                     for i, sh in enumerate(self.shards)], remote.startup_timeout(t), "PS parameters")
         self.shard_live = remote.Liveness(self.shards, t, "PS server")
-        self._wire(range(n))
+        self._wire(range(cfg.real_workers))
 
     def _wire(self, ranks: Any) -> None:
         t = self.config.cluster.timeout_s
@@ -84,7 +88,7 @@ class ParameterServer(Strategy):
 
     def run(self, recorder: Recorder) -> None:
         cfg = self.config
-        self.sched = Schedule(cfg.workers, cfg.steps, sync=self.sync, bound=cfg.ps.staleness_bound)
+        self.sched = Schedule(cfg.real_workers, cfg.steps, sync=self.sync, bound=cfg.ps.staleness_bound)
         # under SSP a worker pulls once the driver lets its iteration start (worker.py)
         self.pull_after = cfg.ps.staleness_bound is None
         self.inflight: dict[Any, tuple[int, int, float]] = {}  # ref -> (worker, epoch, submitted)
@@ -191,7 +195,7 @@ class ParameterServer(Strategy):
             remote.get(self.workers[r].make_nic.remote(self.nics[r]), t, "shared NIC")
         self._wire([r])
         t0, cause = self.revive_info.pop(r)
-        recorder.fault("worker-restart", f"worker{r}", self.sched.next_iter[r], t0, time.time(), cause=cause)
+        recorder.fault("worker-restart", f"worker{self.positions[r]}", self.sched.next_iter[r], t0, time.time(), cause=cause)
 
     def _rollback(self, recorder: Recorder, revived: list[int], cause: str, t0: float) -> None:
         t = self.config.cluster.timeout_s
@@ -221,13 +225,13 @@ class ParameterServer(Strategy):
         applied = all(a["status"] == "applied" or (a["status"] == "duplicate" and a["version_applied"] is not None)
                       for a in acks)
         if any(a["status"] == "nan" for a in acks):
-            recorder.fault("nan-skipped", f"worker{w}", iteration, info["t_end"], info["t_end"])
+            recorder.fault("nan-skipped", f"worker{self.positions[w]}", iteration, info["t_end"], info["t_end"])
         for a in acks:  # the shards' own spans travel with their acks
             recorder.events_from(a.pop("events", ()))
         # staleness is the largest over the worker's shards: version_applied - version_read
         read = info["versions"][0]
         stalest = max(a["staleness"] for a in acks) if applied else None
-        self.record(recorder, w, iteration, info, version_read=read,
+        self.record(recorder, self.positions[w], iteration, info, version_read=read,
                     version_applied=None if stalest is None else read + stalest,
                     wait_s=info["server_wait_s"] + held)
         update = acks[0].get("update")
@@ -269,7 +273,7 @@ class ParameterServer(Strategy):
             "server_egress_bytes_per_step": [s["bytes_out"] / steps for s in stats],
             "endpoint_late_s": sum(s["late_s"] for s in stats),
             **self._links(stats, nics, steps, wall),
-            "workers_unreported": [r for r, w in enumerate(nics) if w is None],
+            "workers_unreported": [self.positions[r] for r, w in enumerate(nics) if w is None],
         }
 
     def _links(self, stats: list[dict[str, Any]], nics: list[dict[str, Any]], steps: int,
@@ -279,7 +283,8 @@ class ParameterServer(Strategy):
         for r, w in enumerate(nics):
             if w is None:  # its actor is gone (a lost node): no figure rather than a made-up one
                 continue
-            ingress[f"worker{r}"], egress[f"worker{r}"] = w["bytes_in"] / steps, w["bytes_out"] / steps
+            name = f"worker{self.positions[r]}"
+            ingress[name], egress[name] = w["bytes_in"] / steps, w["bytes_out"] / steps
         for i, s in enumerate(stats):
             name = f"worker{i}" if self.colocated else f"ps{i}"  # a colocated server's NIC is its worker's
             ingress[name] = ingress.get(name, 0.0) + s["bytes_in"] / steps

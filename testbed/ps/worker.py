@@ -10,7 +10,8 @@ A worker pulls at the start of an iteration instead when it holds no parameters 
 iteration, after a restart or a rollback) and under a staleness bound, whose rule is about what
 the pull may see once the driver lets the iteration start (testbed.ps.ssp). Parameters and
 gradients go directly between workers and servers, every partition in parallel; the driver only
-schedules iterations.
+schedules iterations. A worker with emulated peers (`--real-workers`) plays their NICs beside its
+own and pushes for them too (testbed.ps.peers).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import numpy as np
 import ray
 
 from testbed.emulation.endpoint import Endpoint
-from testbed.emulation.network import Nic, sleep_until
+from testbed.emulation.network import LinkSpec, Nic, sleep_until
 from testbed.ps.partition import Partitioning
+from testbed.ps.peers import SegmentNics
 from testbed.runtime.remote import startup_timeout
 from testbed.runtime.worker import WorkerBase
 
@@ -63,6 +65,10 @@ class PSWorker(WorkerBase):
         self.servers, self.parts = servers, parts
         self.local = self.rank if colocated and self.rank < parts.servers else None
         self.held: tuple[np.ndarray, list[int], int] | None = None  # pulled params, versions, epoch
+        # the emulated peers this worker plays (--real-workers K < N, testbed.ps.peers): their NICs,
+        # and when each last held every partition of the parameters it computes on
+        self.peer_nics = SegmentNics(LinkSpec(*self.config.network.wire), self.segment) if self.segment else None
+        self.peer_ready = np.zeros(self.segment)
 
     @property
     def barrier_s(self) -> float:
@@ -96,14 +102,32 @@ class PSWorker(WorkerBase):
         return last
 
     def _pull(self, min_version: int, epoch: int, timeout: float) -> tuple[list[Any], float]:
-        calls = {self.servers[self.parts.server_of[p]].pull.remote(p, min_version, timeout, epoch, self.rank): p
+        calls = {self.servers[self.parts.server_of[p]].pull.remote(p, min_version, timeout, epoch, self.rank,
+                                                                   self.segment): p
                  for p in range(self.parts.count)}
         pulled: list[Any] = [None] * self.parts.count
         sleep_until(self._collect(calls, pulled, lambda r: r, timeout))
+        self._peers_receive(pulled)
         return pulled, max(r[2] for r in pulled)
 
+    def _peers_receive(self, replies: list[Any]) -> None:
+        """The emulated peers' copies of the replies (each reply's last field: their departures)
+        reach their NICs: when each holds every partition."""
+        if self.peer_nics is not None:
+            self.peer_ready = self.peer_nics.receive([self._bytes(p) for p in range(self.parts.count)],
+                                                     [r[5] for r in replies])
+
+    def _peers_send(self, compute_s: float, iteration: int) -> list[list[float]]:
+        """Departures [partition][peer] of the emulated peers' pushes: each computes as long as
+        this worker did, plus its straggler delay beyond this worker's, from when it held the
+        parameters; then its partitions leave back to back."""
+        if self.peer_nics is None:
+            return [[] for _ in range(self.parts.count)]
+        at = self.peer_ready + compute_s + self.peer_delays(iteration)
+        return self.peer_nics.send([self._bytes(p) for p in range(self.parts.count)], list(at))
+
     def _push(self, grad: np.ndarray, versions: list[int], iteration: int, loss: float, epoch: int,
-              pull: float | None) -> tuple[list[Any], int]:
+              pull: float | None, peers: list[list[float]]) -> tuple[list[Any], int]:
         """Queue every partition on the egress at once (a FIFO NIC queue: what a colocated server
         sends meanwhile goes behind them), then hand each to Ray at its departure -- a message is
         not on the wire before it leaves, so servers see pushes in departure order -- taking
@@ -126,7 +150,7 @@ class PSWorker(WorkerBase):
             if departure is not None:
                 last = max(last, self._collect(calls, acks, lambda a: a.get("pull"), timeout, departure))
             ref = self.servers[self.parts.server_of[p]].push.remote(
-                p, payload, versions[p], self.rank, iteration, loss, departure, epoch, pull)
+                p, payload, versions[p], self.rank, iteration, loss, departure, epoch, pull, peers[p])
             calls[ref] = p
         sleep_until(max(last, self._collect(calls, acks, lambda a: a.get("pull"), timeout)))
         return acks, sent
@@ -154,7 +178,9 @@ class PSWorker(WorkerBase):
         self.workload.set_params(params)
         grad, info = self.compute(iteration)
         t_pushing = time.time()
-        acks, sent = self._push(grad, versions, iteration, info["loss"], epoch, timeout if pull_after else None)
+        peers = self._peers_send(t_pushing - t_pulled, iteration)
+        acks, sent = self._push(grad, versions, iteration, info["loss"], epoch, timeout if pull_after else None,
+                                peers)
         # a redone iteration whose first push counted: that push's read is the iteration's
         versions = [a.get("version_read", v) for a, v in zip(acks, versions, strict=True)]
         if self.dies_once_sent:  # --fail sent:worker=R,at=I: the servers have it, the driver never hears
@@ -164,6 +190,7 @@ class PSWorker(WorkerBase):
             back = [a.pop("pull") for a in acks]
             if all(r[4] == epoch for r in back):
                 self.held = (self._join([r[0] for r in back]), [r[1] for r in back], epoch)
+                self._peers_receive(back)
                 server_wait += max(r[2] for r in back)
         t_done = time.time()
         self.span("send", t_pushing, t_done)

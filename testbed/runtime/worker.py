@@ -22,6 +22,7 @@ import numpy as np
 from testbed.config import RunConfig
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.faults import FaultPlan, NanPolicy, poison
+from testbed.emulation.peers import real_positions, segment_sizes
 from testbed.emulation.stragglers import StragglerModel
 from testbed.training.compressor import Compressor
 from testbed.workloads import make_workload
@@ -59,6 +60,13 @@ class WorkerBase:
     """One data-parallel replica. Times compute, injects straggler delay, keeps its events."""
 
     def __init__(self, config: RunConfig, rank: int, device: str = "cpu", cpus: float = 1.0) -> None:
+        # with emulated peers (--real-workers K < N) this is real worker `rank` of K (`index`), at
+        # position q_rank among the N (testbed.emulation.peers), whose batch, name and records it
+        # has; `segment`: the emulated peers after it, which its strategy plays
+        real, n = config.real_workers, config.workers
+        self.index = rank
+        self.segment = segment_sizes(n, real)[rank] if real < n else 0
+        rank = real_positions(n, real)[rank] if real < n else rank
         self.config, self.rank, self.device = config, rank, device
         if config.workload.imports_torch(device):
             limit_threads(cpus)
@@ -82,6 +90,24 @@ class WorkerBase:
         self.stretch: Any = None
 
     # ---- plumbing shared by every strategy
+    def peer_delays(self, iteration: int) -> np.ndarray:
+        """How much later than this worker each emulated peer of its segment has its gradient:
+        the peer's own straggler delay beyond this worker's, never less than 0 (its gradient is a
+        copy of this worker's, testbed.emulation.peers)."""
+        out = np.zeros(self.segment)
+        model = self.stragglers
+        if not model.specs or not self.segment:
+            return out
+        c = self.stretch.compute_s if self.stretch is not None else 0.0
+
+        def delay(x: int) -> float:
+            return (model.factor(x) - 1.0) * c + model.additive(x, iteration) * model.dilation
+
+        mine = delay(self.rank)
+        for j in range(self.segment):
+            out[j] = max(0.0, delay((self.rank + 1 + j) % self.config.workers) - mine)
+        return out
+
     def ping(self) -> int:
         """Process id; a hung worker (injected `hang`) answers nothing at all."""
         while self.hung:
@@ -140,7 +166,7 @@ class WorkerBase:
         """
         fault = self.inject(iteration)
         stretch = self.stragglers.stretch(self.rank, iteration)
-        self.stretch = stretch  # this iteration's, while it computes (the ring's emulated peers read it)
+        self.stretch = stretch  # this iteration's, while it computes (emulated peers read it, WorkerBase.peer_delays)
         t0 = time.time()
         if buckets is None:
             grad, loss, samples = self.workload.gradient(batch)

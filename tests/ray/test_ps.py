@@ -93,3 +93,25 @@ def test_retried_push_is_not_applied_twice():
     assert (first["status"], again["status"]) == ("applied", "duplicate")
     np.testing.assert_array_equal(ray.get(shard.get_params.remote(), timeout=30)[0], -g)
     ray.kill(shard)
+
+
+def test_emulated_peers_push_through_the_servers_nics_and_a_straggling_one_holds_a_version_back():
+    """ps-sync, 8 workers of which 0 and 4 are real: the servers' NICs carry the bytes of all
+    eight every version (the incast is emulated peers' too), records name the real positions,
+    samples count every worker, and emulated worker 5's 300 ms straggle holds every version back
+    (a bound: never shorter), as a real straggler's would."""
+    base = {"strategy": "ps-sync", "workers": 8, "steps": 3, "network.bandwidth": "10Gbit",
+            "workload.compute_ms": 10.0, "ps.shards": 2, "cluster.real_workers": 2}
+    out = run_strategy(make_config(**base, straggler="fixed:worker=5,delay=300ms"))
+    steps, s = out["steps"], out["summary"]
+    assert sorted(steps["worker"].unique()) == [0, 4] and s["real_workers"] == 2
+    k = s["grad_bytes_logical"]
+    np.testing.assert_allclose(sum(s["server_ingress_bytes_per_step"]), 8 * k, rtol=1e-6)
+    # out: the first pull, then every version's replies
+    np.testing.assert_allclose(sum(s["server_egress_bytes_per_step"]), 8 * k * 4 / 3, rtol=1e-6)
+    np.testing.assert_allclose(steps["bytes_sent"], k, rtol=1e-6)  # each real worker: its own push
+    per_step = steps.groupby("iteration")["samples"].sum()
+    np.testing.assert_allclose(s["samples_per_s"], 8 * steps["samples"].iloc[0] * len(per_step) / s["train_wall_s"],
+                               rtol=1e-9)
+    assert s["step_time_p50_s"] >= 0.3
+    assert (steps["injected_delay_s"] == 0).all()  # neither real worker straggled

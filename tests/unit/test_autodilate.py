@@ -38,13 +38,11 @@ def test_an_unaffordable_factor_halves_the_real_workers_at_the_same_factor_until
 
 
 def test_it_gives_up_with_one_real_worker_or_where_there_are_no_emulated_peers(tmp_path: Path):
-
-
     execute, seen = trials_where(faithful_at_most=0)
     cfg, _, _, result, _ = _search(config(), tmp_path, time.monotonic(), execute)
     assert [k for _, k in seen] == [16, 8, 4, 2, 1] and cfg.real_workers == 1
     assert "buys no larger factor" in result
     execute, seen = trials_where(faithful_at_most=0)
-    _search(config(strategy="ps-sync"), tmp_path, time.monotonic(), execute)
+    _search(config(strategy="ps-async"), tmp_path, time.monotonic(), execute)
     assert seen == [(1.0, 64)]
     assert fewer_real_workers(config(**{"cluster.real_workers": 64, "ring.algorithm": "halving-doubling"})) is None

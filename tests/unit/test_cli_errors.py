@@ -55,7 +55,7 @@ BAD = [
     ("real-workers-word", ["--real-workers", "half"], "'half'"),
     ("real-workers-above-workers", ["--workers", "8", "--bandwidth", "1Gbit", "--real-workers", "9"],
      "--real-workers 9"),
-    ("real-workers-ps", ["--strategy", "ps-sync", "--workers", "8", "--bandwidth", "1Gbit", "--real-workers", "2"],
+    ("real-workers-ps", ["--strategy", "ps-async", "--workers", "8", "--bandwidth", "1Gbit", "--real-workers", "2"],
      "--real-workers 8"),
     ("profile-unknown", ["--workload", "profile:alexnet"], "profile:resnet50"),
     ("profile-with-grad-mb", ["--workload", "profile:gpt2", "--grad-mb", "8"], "drop --grad-mb"),
