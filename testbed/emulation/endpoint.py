@@ -15,6 +15,7 @@ so a measurement that drifts from the model says why.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from testbed.config import NetworkConfig
 from testbed.emulation.network import LinkSpec, Nic, sleep_until
@@ -70,6 +71,23 @@ class Endpoint:
             self.late_s += now - due
             self.late_messages += 1
         return due
+
+    def deliveries(self, nbytes: int, departure: float | None, copies: Sequence[float] = (),
+                   arrived: float | None = None) -> tuple[float, list[float]]:
+        """A message and the copies of it that its sender's emulated peers sent, leaving at
+        `copies` (testbed.emulation.peers): the ingress queues them all in departure order.
+        Returns (the message's delivery, each copy's). Only the message itself can be late: the
+        copies ride with it, computed."""
+        if not copies:
+            return self.delivery(nbytes, departure, arrived), []
+        due = [0.0] * len(copies)
+        own = 0.0
+        for d, i in sorted([(departure, -1), *((d, i) for i, d in enumerate(copies))]):
+            if i < 0:
+                own = self.delivery(nbytes, d, arrived)
+            else:
+                due[i] = self.delivery(nbytes, d, arrived, timed=False)
+        return own, due
 
     def finish(self, due: float) -> None:
         """A schedule computed at the model's times ends at `due`: sleep until then. Being past it

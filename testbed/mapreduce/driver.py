@@ -15,6 +15,12 @@ step is redone from the same parameters and batches, so the result equals the no
 non-finite gradient is never applied: it is left out of the average (--on-nan skip) or stops
 the run (--on-nan stop).
 
+Emulated peers (`--real-workers K < N`, testbed.emulation.peers): the driver sends every position
+its parameters and queues every position's gradient on its NIC; a real worker receives, computes
+and sends for its peers on their NICs (`SegmentNics`), and its gradient counts once per position
+it stands for, summed in position order: the run equals one process stepping the owner-weighted
+mean (testbed.workloads.reference).
+
 Timing per worker iteration, measured by the driver with arrival times from ray.wait:
 comm = (arrival - issue) - compute - injected delay (parameter fetch + gradient return),
 wait = last arrival - own arrival (the barrier) + the driver's reduce/apply time.
@@ -32,6 +38,7 @@ from testbed.analysis.records import Recorder, UpdateRecord
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.faults import NanPolicy
 from testbed.emulation.network import sleep_until
+from testbed.emulation.peers import real_positions, segment_sizes
 from testbed.runtime import remote
 from testbed.runtime.worker import WorkerBase
 from testbed.strategies.contract import Strategy
@@ -43,7 +50,10 @@ from testbed.workloads import make_workload
 class MapReduce(Strategy):
     def setup(self) -> None:
         cfg = self.config
-        self.workers = remote.spawn(WorkerBase, self.cluster, cfg.workers, cfg, device=self.cluster.device,
+        # the real workers only (--real-workers): known by index here, by position in the records
+        self.positions = real_positions(cfg.workers, cfg.real_workers)
+        self.copies = segment_sizes(cfg.workers, cfg.real_workers)  # the emulated peers each plays
+        self.workers = remote.spawn(WorkerBase, self.cluster, cfg.real_workers, cfg, device=self.cluster.device,
                                     max_restarts=cfg.faults.max_restarts, concurrency=2)
         self.model = make_workload(cfg.workload, seed=cfg.seed, workers=cfg.workers)  # layout and sizes
         # the workers' initial parameters, not this process's: on a GPU the workers build the torch
@@ -72,7 +82,7 @@ class MapReduce(Strategy):
                     break
                 except remote.ACTOR_ERRORS as exc:  # a worker died or hung: revive, redo the step
                     for r in self.liveness.revive():
-                        recorder.fault("worker-restart", f"worker{r}", step, t_issue, time.time(),
+                        recorder.fault("worker-restart", f"worker{self.positions[r]}", step, t_issue, time.time(),
                                        cause=type(exc).__name__)
             self._reduce(recorder, step, t_issue, results, arrivals)
             if recorder.wants_eval(step + 1):
@@ -81,10 +91,13 @@ class MapReduce(Strategy):
 
     def _map(self, step: int) -> tuple[list[Any], dict[int, float]]:
         """Broadcast params once, collect every gradient with its arrival time at the driver."""
-        cfg, n = self.config, self.config.workers
+        cfg, n = self.config, len(self.workers)
         ref = ray.put(self.params)
-        pending = {w.compute_at.remote(ref, step, self.endpoint.send(self.k)): r
-                   for r, w in enumerate(self.workers)}
+        pending = {}
+        for r, w in enumerate(self.workers):  # on the egress in position order, emulated peers too
+            own = self.endpoint.send(self.k)
+            peers = [self.endpoint.send(self.k) for _ in range(self.copies[r])]
+            pending[w.compute_at.remote(ref, step, own, peers)] = r
         arrivals: dict[int, float] = {}
         deadline = time.monotonic() + cfg.cluster.timeout_s
         while len(arrivals) < n:
@@ -92,14 +105,17 @@ class MapReduce(Strategy):
                                 num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 raise remote.RemoteTimeout(f"mapreduce step {step}: workers "
-                                           f"{sorted(set(range(n)) - set(arrivals))} did not answer "
+                                           f"{sorted(self.positions[r] for r in set(range(n)) - set(arrivals))} "
+                                           "did not answer "
                                            f"within {cfg.cluster.timeout_s:g}s")
             arrivals[pending[ready[0]]] = time.time()
         results = remote.get(list(pending), cfg.cluster.timeout_s, "mapreduce gradients")
         if self.endpoint.emulated:  # gradients queue at the driver's ingress, in arrival order
             for r in sorted(arrivals, key=arrivals.get):
                 info = results[r][1]
-                sleep_until(self.endpoint.delivery(info["bytes_sent"], info["departure"], arrivals[r]))
+                own, copies = self.endpoint.deliveries(info["bytes_sent"], info["departure"],
+                                                       info["peer_departures"], arrivals[r])
+                sleep_until(max([own, *copies]))
                 arrivals[r] = time.time()
         if self.decompressor is not None:
             results = [(self.decompressor.decompress(g), info) for g, info in results]
@@ -109,9 +125,10 @@ class MapReduce(Strategy):
                 arrivals: dict[int, float]) -> None:
         """Average the finite gradients, apply, record (a NaN gradient is never applied)."""
         t_reduce = time.time()
-        finite = [self.nan.admit(g, f"mapreduce step {step}: worker {r}'s gradient")
+        finite = [self.nan.admit(g, f"mapreduce step {step}: worker {self.positions[r]}'s gradient")
                   for r, (g, _) in enumerate(results)]
-        used = [g for (g, _), ok in zip(results, finite, strict=True) if ok]
+        # in position order: each real worker's gradient once for itself and once per emulated peer
+        used = [g for (g, _), ok, m in zip(results, finite, self.copies, strict=True) if ok for _ in range(m + 1)]
         if used:
             self.optimizer.step(self.params, mean_gradient(used))
         t_applied = time.time()
@@ -119,15 +136,17 @@ class MapReduce(Strategy):
         last = max(arrivals.values())
         for r, (_, info) in enumerate(results):
             if not finite[r]:
-                recorder.fault("nan-skipped", f"worker{r}", step, t_reduce, t_reduce)
+                recorder.fault("nan-skipped", f"worker{self.positions[r]}", step, t_reduce, t_reduce)
             info.update(t_start=t_issue, bytes_recv=self.k,
                         comm_s=max(0.0, arrivals[r] - t_issue - info["compute_s"] - info["injected_delay_s"]))
-            self.record(recorder, r, step, info, version_read=step,
+            info.pop("peer_departures", None)
+            self.record(recorder, self.positions[r], step, info, version_read=step,
                         version_applied=step if finite[r] else None,
                         wait_s=(last - arrivals[r]) + (t_applied - t_reduce))
-        losses = [info["loss"] for (_, info), ok in zip(results, finite, strict=True) if ok]
+        losses = [info["loss"] for (_, info), ok, m in zip(results, finite, self.copies, strict=True) if ok
+                  for _ in range(m + 1)]
         recorder.update(UpdateRecord(version=step + 1, t_applied=t_applied, contributors=len(used),
-                                     dropped=len(results) - len(used),
+                                     dropped=self.config.workers - len(used),
                                      loss=float(np.mean(losses)) if losses else float("nan")))
 
     def summary_extra(self) -> dict[str, Any]:

@@ -19,9 +19,12 @@ class MapReduceSpec(StrategySpec):
     name = "mapreduce"
     family = "mapreduce"
     # runs equal to one-process training (tests/ray/test_equivalence.py): the ResNet with SGD where
-    # the driver applies the mean; ranks 0-2 sharing a process, 3 alone
+    # the driver applies the mean; ranks 0-2 sharing a process, 3 alone; emulated peers (weights 3
+    # and 2, then one real worker standing for three)
     equivalence = (Equivalence(2, tiny.RESNET_SGD),
-                   Equivalence(4, {**tiny.SYN, "cluster.workers_per_process": 3}))
+                   Equivalence(4, {**tiny.SYN, "cluster.workers_per_process": 3}),
+                   Equivalence(5, {**tiny.SYN, "network.bandwidth": "10Gbit", "cluster.real_workers": 2}),
+                   Equivalence(3, {**tiny.SYN, "network.bandwidth": "10Gbit", "cluster.real_workers": 1}))
     keys = frozenset({"compression"})
     summary_keys = {
         "grad_bytes_logical": "bytes: the logical gradient K",
@@ -34,6 +37,14 @@ class MapReduceSpec(StrategySpec):
 
     def cannot_share_processes(self, cfg: RunConfig) -> str | None:
         return None  # the driver calls each worker
+
+    def cannot_emulate_peers(self, cfg: RunConfig) -> str | None:
+        """The driver sends every position its parameters and queues every position's gradient;
+        a real worker plays its peers' NICs (driver.py). A compressed gradient is each worker's
+        own (its top-k residual), so peers play uncompressed runs only."""
+        if cfg.compression.kind != "none":
+            return f"plays emulated peers uncompressed (got --compression {cfg.compression.kind})"
+        return None
 
     def predict(self, cfg: RunConfig, resolved: Mapping[str, Any], latency: float,
                 bandwidth: float) -> Prediction:

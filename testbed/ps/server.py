@@ -22,6 +22,13 @@ duplicates (Ray may retry a call). After `max_updates` versions a partition acce
 Cost per synchronous step: a server receives N*K*(its share) and sends as many bytes, all
 through its one NIC -- the reason a single PS stops scaling (testbed.analysis.psmodel).
 
+Emulated peers (ps-sync, `--real-workers K < N`, testbed.emulation.peers): a real worker's push
+carries the departures of its peers' copies; the server queues each on its ingress
+(`Endpoint.deliveries`), counts the push once per position it stands for, and sends every position
+its reply. A version's mean sums N gradients in position order, the owner's once for each of its
+positions, so the run equals one process stepping the owner-weighted mean
+(testbed.workloads.reference).
+
 `ShardState` is the pure, thread-safe logic of one partition; `ShardActor` wraps a server's
 partitions for Ray with the NIC.
 """
@@ -93,7 +100,7 @@ class ShardState:
              copies: Sequence[tuple[float, int]] = ()) -> dict[str, Any]:
         """Offer a gradient (delivered at `delivered`); return what happened to it. `copies`:
         (delivery, position) of the same gradient pushed by the worker's emulated peers (sync
-        only, testbed.ps.peers): each counts towards the version as a worker of its own.
+        only, testbed.emulation.peers): each counts towards the version as a worker of its own.
 
         status: applied / dropped (late, backup workers) / nan (non-finite, never applied) /
         duplicate (retried) / finished / stale-epoch (computed before a rollback). Staleness
@@ -309,7 +316,7 @@ class ShardActor:
              worker: int = -1, peers: int = 0) -> tuple[Any, ...]:
         """(params, version, seconds waited, departure, epoch, peers' departures) of partition
         `part`, once its version reaches `min_version`; `peers`: how many emulated peers the
-        worker plays (positions worker + 1 ..., testbed.ps.peers), each sent its copy too."""
+        worker plays (positions worker + 1 ..., testbed.emulation.peers), each sent its copy too."""
         t0 = time.time()
         st = self.parts[part]
         params, version, waited = st.pull(min_version, timeout, epoch)
@@ -328,7 +335,7 @@ class ShardActor:
         the partition's next version and carry it back as ack["pull"] (see `pull`). The ack
         carries this server's spans so far, so a run that dies keeps the servers' timeline too.
         `peers`: the departures of the same push from the worker's emulated peers (positions
-        worker + 1 ..., testbed.ps.peers): the ingress queues each, in departure order."""
+        worker + 1 ..., testbed.emulation.peers): the ingress queues each, in departure order."""
         t0 = time.time()
         st = self.parts[part]
         nbytes = int(grad.nbytes * self.factor)
@@ -336,14 +343,9 @@ class ShardActor:
         if worker == self.local_worker:
             delivered = t0
         else:
-            due = {}
-            for d, x in sorted([(departure, worker), *((d, worker + 1 + j) for j, d in enumerate(peers))]):
-                # the pusher's own message is late if it arrived after its delivery; its peers'
-                # ride with it, computed (their lateness is the pusher's)
-                due[x] = self.endpoint.delivery(nbytes, d, timed=x == worker)
-            delivered = due.pop(worker)
-            copies = sorted((t, x) for x, t in due.items())
-            sleep_until(max([delivered, *(t for t, _ in copies)]))
+            delivered, due = self.endpoint.deliveries(nbytes, departure, peers)
+            copies = [(t, worker + 1 + j) for j, t in enumerate(due)]
+            sleep_until(max([delivered, *due]))
         t1 = time.time()
         self._span("recv", t0, t1)
         if part in self.decompressors:

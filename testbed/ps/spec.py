@@ -1,7 +1,6 @@
 """What is true of the parameter server: `ps-sync` (optionally with backup workers) and
 `ps-async` (optionally stale-synchronous). Pure: no Ray; the driver loop is `strategy.py`, the
-servers `server.py`, the worker side `worker.py`, the partitions `partition.py`, the emulated
-peers of ps-sync (`--real-workers`) `peers.py`.
+servers `server.py`, the worker side `worker.py`, the partitions `partition.py`.
 
 ps-sync. Each version v: every worker computes on params_v and pushes each partition of its
 gradient to that partition's server, asking for the partition's version v+1 back (push-pull). A
@@ -72,7 +71,7 @@ SYNC_EQUIVALENCE = (
     Equivalence(4, tiny.SYN),
     Equivalence(4, {**tiny.SYN, "ps.shards": 2, "ps.partition_mb": 0.002}),  # 5 partitions on 2 servers
     Equivalence(3, {**tiny.SYN, "ps.servers": 3, "ps.placement": "colocated", "ps.partition_mb": 0.002}),
-    # emulated peers (testbed.ps.peers): weights 3 and 2 over 5 partitions on 2 servers, and one
+    # emulated peers (testbed.emulation.peers): weights 3 and 2 over 5 partitions on 2 servers, and one
     # real worker standing for four
     Equivalence(5, {**tiny.SYN, "network.bandwidth": "10Gbit", "cluster.real_workers": 2, "ps.shards": 2,
                     "ps.partition_mb": 0.002}),
@@ -98,7 +97,7 @@ class PSSpec(StrategySpec):
         return None  # pushes and pulls are actor calls
 
     def cannot_emulate_peers(self, cfg: RunConfig) -> str | None:
-        """ps-sync plays emulated peers (testbed.ps.peers): a real worker pushes for its segment,
+        """ps-sync plays emulated peers (testbed.emulation.peers): a real worker pushes for its segment,
         and the servers, real, queue every copy. Asynchronous updates would need a gradient per
         peer per version, backup workers a peer's own lateness, colocated servers a peer's NIC."""
         if not self.sync:

@@ -40,7 +40,7 @@ class ParameterServer(Strategy):
     def setup(self) -> None:
         cfg, t = self.config, self.config.cluster.timeout_s
         n, s = cfg.workers, cfg.ps.count
-        # the real workers only, where the others are emulated peers (--real-workers, testbed.ps.peers);
+        # the real workers only, where the others are emulated peers (--real-workers, testbed.emulation.peers);
         # the driver knows them by index, the records by position
         self.positions = real_positions(n, cfg.real_workers)
         self.workers = remote.spawn(PSWorker, self.cluster, cfg.real_workers, cfg, device=self.cluster.device,

@@ -11,7 +11,7 @@ iteration, after a restart or a rollback) and under a staleness bound, whose rul
 the pull may see once the driver lets the iteration start (testbed.ps.ssp). Parameters and
 gradients go directly between workers and servers, every partition in parallel; the driver only
 schedules iterations. A worker with emulated peers (`--real-workers`) plays their NICs beside its
-own and pushes for them too (testbed.ps.peers).
+own and pushes for them too (testbed.emulation.peers).
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ import numpy as np
 import ray
 
 from testbed.emulation.endpoint import Endpoint
-from testbed.emulation.network import LinkSpec, Nic, sleep_until
+from testbed.emulation.network import Nic, sleep_until
 from testbed.ps.partition import Partitioning
-from testbed.ps.peers import SegmentNics
 from testbed.runtime.remote import startup_timeout
 from testbed.runtime.worker import WorkerBase
 
@@ -65,10 +64,6 @@ class PSWorker(WorkerBase):
         self.servers, self.parts = servers, parts
         self.local = self.rank if colocated and self.rank < parts.servers else None
         self.held: tuple[np.ndarray, list[int], int] | None = None  # pulled params, versions, epoch
-        # the emulated peers this worker plays (--real-workers K < N, testbed.ps.peers): their NICs,
-        # and when each last held every partition of the parameters it computes on
-        self.peer_nics = SegmentNics(LinkSpec(*self.config.network.wire), self.segment) if self.segment else None
-        self.peer_ready = np.zeros(self.segment)
 
     @property
     def barrier_s(self) -> float:
@@ -111,20 +106,8 @@ class PSWorker(WorkerBase):
         return pulled, max(r[2] for r in pulled)
 
     def _peers_receive(self, replies: list[Any]) -> None:
-        """The emulated peers' copies of the replies (each reply's last field: their departures)
-        reach their NICs: when each holds every partition."""
-        if self.peer_nics is not None:
-            self.peer_ready = self.peer_nics.receive([self._bytes(p) for p in range(self.parts.count)],
-                                                     [r[5] for r in replies])
-
-    def _peers_send(self, compute_s: float, iteration: int) -> list[list[float]]:
-        """Departures [partition][peer] of the emulated peers' pushes: each computes as long as
-        this worker did, plus its straggler delay beyond this worker's, from when it held the
-        parameters; then its partitions leave back to back."""
-        if self.peer_nics is None:
-            return [[] for _ in range(self.parts.count)]
-        at = self.peer_ready + compute_s + self.peer_delays(iteration)
-        return self.peer_nics.send([self._bytes(p) for p in range(self.parts.count)], list(at))
+        """The emulated peers' copies of the replies (each reply's last field: their departures)."""
+        self.peers_receive([self._bytes(p) for p in range(self.parts.count)], [r[5] for r in replies])
 
     def _push(self, grad: np.ndarray, versions: list[int], iteration: int, loss: float, epoch: int,
               pull: float | None, peers: list[list[float]]) -> tuple[list[Any], int]:
@@ -178,7 +161,7 @@ class PSWorker(WorkerBase):
         self.workload.set_params(params)
         grad, info = self.compute(iteration)
         t_pushing = time.time()
-        peers = self._peers_send(t_pushing - t_pulled, iteration)
+        peers = self.peers_send([self._bytes(p) for p in range(self.parts.count)], t_pushing - t_pulled, iteration)
         acks, sent = self._push(grad, versions, iteration, info["loss"], epoch, timeout if pull_after else None,
                                 peers)
         # a redone iteration whose first push counted: that push's read is the iteration's

@@ -22,7 +22,8 @@ import numpy as np
 from testbed.config import RunConfig
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.faults import FaultPlan, NanPolicy, poison
-from testbed.emulation.peers import real_positions, segment_sizes
+from testbed.emulation.network import LinkSpec
+from testbed.emulation.peers import SegmentNics, real_positions, segment_sizes
 from testbed.emulation.stragglers import StragglerModel
 from testbed.training.compressor import Compressor
 from testbed.workloads import make_workload
@@ -88,8 +89,28 @@ class WorkerBase:
         self.compressors: dict[tuple[int, int], Compressor] = {}
         self.compression = config.compression if config.compression.kind != "none" else None
         self.stretch: Any = None
+        # where this worker's strategy talks to a server or the driver, it plays its emulated
+        # peers' NICs (testbed.emulation.peers.SegmentNics); when each last held what it computes on
+        self.peer_nics = (SegmentNics(LinkSpec(*config.network.wire), self.segment)
+                          if self.segment and config.network.wire is not None else None)
+        self.peer_ready = np.zeros(self.segment)
 
     # ---- plumbing shared by every strategy
+    def peers_receive(self, nbytes: list[int], departures: list[list[float]]) -> None:
+        """Parts of `nbytes` that left their senders for the emulated peers at
+        `departures[part][peer]` reach the peers' NICs: when each peer holds them all."""
+        if self.peer_nics is not None:
+            self.peer_ready = self.peer_nics.receive(nbytes, departures)
+
+    def peers_send(self, nbytes: list[int], compute_s: float, iteration: int) -> list[list[float]]:
+        """Departures [part][peer] of the emulated peers' gradients: each peer computes as long as
+        this worker did (`compute_s`), plus its straggler delay beyond this worker's, from when it
+        held the parameters; then its parts leave back to back."""
+        if self.peer_nics is None:
+            return [[] for _ in nbytes]
+        at = self.peer_ready + compute_s + self.peer_delays(iteration)
+        return self.peer_nics.send(nbytes, list(at))
+
     def peer_delays(self, iteration: int) -> np.ndarray:
         """How much later than this worker each emulated peer of its segment has its gradient:
         the peer's own straggler delay beyond this worker's, never less than 0 (its gradient is a
@@ -190,17 +211,23 @@ class WorkerBase:
         """Gradient of this worker's batch for `iteration` (see `gradient`)."""
         return self.gradient(iteration, self.workload.batch(self.rank, iteration))
 
-    def compute_at(self, params: np.ndarray, iteration: int,
-                   departure: float | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-        """Receive params (a broadcast that left at `departure`), compute, send the gradient back.
+    def compute_at(self, params: np.ndarray, iteration: int, departure: float | None = None,
+                   peers: list[float] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        """Receive params (a broadcast that left at `departure`; `peers`: when the copies for the
+        emulated peers this worker plays left), compute, send the gradient back.
 
-        Used by mapreduce; info["departure"] stamps the gradient for the receiver's NIC.
+        Used by mapreduce; info["departure"] stamps the gradient for the receiver's NIC, and
+        info["peer_departures"] its peers' copies (testbed.emulation.peers).
         """
-        self.endpoint.receive(self.workload.logical_bytes, departure)
+        k = self.workload.logical_bytes
+        self.endpoint.receive(k, departure)
+        self.peers_receive([k], [list(peers or ())])
+        t0 = time.time()
         self.workload.set_params(params)
         grad, info = self.compute(iteration)
         payload = self.outgoing(grad, 0, grad.size)
         info["bytes_sent"] = int(payload.nbytes * self.logical_factor)
+        info["peer_departures"] = self.peers_send([info["bytes_sent"]], time.time() - t0, iteration)[0]
         info["departure"] = self.endpoint.send(info["bytes_sent"])
         return payload, self.report(info)
 

@@ -131,3 +131,20 @@ def test_same_seed_same_injected_delays():
 
     np.testing.assert_array_equal(delays(a), delays(b))
     assert not np.array_equal(delays(a), delays(c))
+
+
+def test_mapreduce_emulated_peers_queue_at_the_driver_and_a_straggling_one_holds_the_step_back():
+    """mapreduce, 8 workers of which 0 and 4 are real: every step moves eight parameter copies out
+    of the driver's NIC and eight gradients in, so it lasts at least (N + 1) K / B (a bound that
+    holds however busy the machine is; with only the real workers' bytes it would be 3 K / B);
+    records name the real positions; emulated worker 5's 300 ms straggle holds every step back."""
+    base = {**SYN, "strategy": "mapreduce", "workers": 8, "steps": 3, "workload.grad_mb": 2.0,
+            "network.bandwidth": "1Gbit", "cluster.real_workers": 2}
+    out = run_strategy(make_config(**base))
+    steps, s = out["steps"], out["summary"]
+    assert sorted(steps["worker"].unique()) == [0, 4] and s["real_workers"] == 2
+    k, bandwidth = s["grad_bytes_logical"], 1e9 / 8
+    assert s["step_time_p50_s"] >= 9 * k / bandwidth
+    late = run_strategy(make_config(**{**base, "workload.compute_ms": 10.0}, straggler="fixed:worker=5,delay=300ms"))
+    assert late["summary"]["step_time_p50_s"] >= 0.3
+    assert (late["steps"]["injected_delay_s"] == 0).all()  # neither real worker straggled

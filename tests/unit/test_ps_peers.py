@@ -1,11 +1,11 @@
-"""ps-sync's emulated peers without Ray: their NICs (testbed.ps.peers) and the copies a server
+"""ps-sync's emulated peers without Ray: their NICs (testbed.emulation.peers.SegmentNics) and the copies a server
 counts for them (ShardState)."""
 
 import numpy as np
 import pytest
 
 from testbed.emulation.network import LinkSpec
-from testbed.ps.peers import SegmentNics
+from testbed.emulation.peers import SegmentNics
 from testbed.ps.server import ShardState
 from testbed.training.optim import OptimizerSpec, mean_gradient
 
