@@ -55,12 +55,16 @@ def fmt(value: object) -> str:
 
 
 def series_labels(table: pd.DataFrame, exclude: tuple[str, ...] = ("workers",)) -> pd.Series:
-    """Label rows "strategy key=value ...", naming keys that vary within the strategy's rows."""
+    """Label rows "strategy key=value ...", naming keys that vary within the strategy's rows.
+    With "workers" excluded, a key that only follows N (one value per N: the real workers or the
+    workers per process a run chose for its size) splits nothing either: the points name N."""
     keys = [k for k in [k for k, _ in leaves()] if k in table.columns and k not in NOT_SERIES + exclude]
     strategy = table["strategy"] if "strategy" in table.columns else pd.Series("run", index=table.index)
     labels = pd.Series("", index=table.index, dtype=object)
     for name, group in table.groupby(strategy, sort=False):
-        varied = [k for k in keys if group[k].map(fmt).nunique() > 1]
+        varied = [k for k in keys if group[k].map(fmt).nunique() > 1
+                  and not ("workers" in exclude and "workers" in group.columns
+                           and group[k].map(fmt).groupby(group["workers"]).nunique().max() == 1)]
         for i in group.index:
             parts = [("N" if k == "workers" else k.split(".")[-1]) + "=" + fmt(group.at[i, k])
                      for k in varied]

@@ -98,6 +98,14 @@ def test_series_are_split_only_by_keys_that_vary_within_a_strategy():
     assert list(plots.series_labels(table, exclude=()))[2] == "mapreduce"
 
 
+def test_a_key_that_only_follows_n_splits_no_series():
+    """The real workers a run chose for its size follow N: one series per strategy, its points
+    named by N; a key with two values at one N still splits."""
+    table = pd.DataFrame({"strategy": ["ring"] * 4, "workers": [8, 16, 64, 64],
+                          "cluster.real_workers": [8, 16, 16, 16], "network.dilation": [1, 1, 1, 8]})
+    assert list(plots.series_labels(table)) == ["ring dilation=1"] * 3 + ["ring dilation=8"]
+
+
 @pytest.mark.parametrize("make", [plots.throughput_vs_workers, plots.step_breakdown,
                                   plots.measured_vs_predicted, plots.straggler_impact])
 def test_missing_data_is_nodata(make):
