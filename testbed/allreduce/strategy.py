@@ -30,7 +30,6 @@ from testbed.allreduce.algorithms import ALGORITHMS, groups_from_nodes, groups_o
 from testbed.allreduce.peer import RingPeer, wire_ring
 from testbed.analysis.records import Recorder, UpdateRecord
 from testbed.emulation.faults import NonFiniteGradient
-from testbed.emulation.peers import real_positions
 from testbed.runtime import remote
 from testbed.strategies.contract import Strategy
 from testbed.workloads.base import unflatten
@@ -45,7 +44,6 @@ class RingAllreduce(Strategy):
         cfg = self.config
         self.library = self.spec.library
         # the real workers only, where the others are emulated peers (--real-workers, testbed.allreduce.relay)
-        self.positions = real_positions(cfg.workers, cfg.real_workers)
         self.peers = remote.spawn(self.peer_class, self.cluster, cfg.real_workers, cfg, device=self.cluster.device,
                                   concurrency=CONCURRENCY, library=self.library,
                                   max_restarts=cfg.faults.max_restarts)

@@ -38,7 +38,7 @@ from testbed.analysis.records import Recorder, UpdateRecord
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.faults import NanPolicy
 from testbed.emulation.network import sleep_until
-from testbed.emulation.peers import real_positions, segment_sizes
+from testbed.emulation.peers import segment_sizes
 from testbed.runtime import remote
 from testbed.runtime.worker import WorkerBase
 from testbed.strategies.contract import Strategy
@@ -51,7 +51,6 @@ class MapReduce(Strategy):
     def setup(self) -> None:
         cfg = self.config
         # the real workers only (--real-workers): known by index here, by position in the records
-        self.positions = real_positions(cfg.workers, cfg.real_workers)
         self.copies = segment_sizes(cfg.workers, cfg.real_workers)  # the emulated peers each plays
         self.workers = remote.spawn(WorkerBase, self.cluster, cfg.real_workers, cfg, device=self.cluster.device,
                                     max_restarts=cfg.faults.max_restarts, concurrency=2)

@@ -1,6 +1,6 @@
 """What is true of the parameter server: `ps-sync` (optionally with backup workers) and
 `ps-async` (optionally stale-synchronous). Pure: no Ray; the driver loop is `strategy.py`, the
-servers `server.py`, the worker side `worker.py`, the partitions `partition.py`.
+servers `server.py` (a partition's logic `shard.py`), the worker side `worker.py`, the partitions `partition.py`.
 
 ps-sync. Each version v: every worker computes on params_v and pushes each partition of its
 gradient to that partition's server, asking for the partition's version v+1 back (push-pull). A

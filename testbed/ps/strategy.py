@@ -25,7 +25,6 @@ import ray
 
 from testbed.analysis.records import Recorder, UpdateRecord
 from testbed.emulation.faults import NonFiniteGradient, RestartsExhausted, ServerLost
-from testbed.emulation.peers import real_positions
 from testbed.ps.partition import partition
 from testbed.ps.schedule import Schedule
 from testbed.ps.server import ShardActor
@@ -40,9 +39,7 @@ class ParameterServer(Strategy):
     def setup(self) -> None:
         cfg, t = self.config, self.config.cluster.timeout_s
         n, s = cfg.workers, cfg.ps.count
-        # the real workers only, where the others are emulated peers (--real-workers, testbed.emulation.peers);
-        # the driver knows them by index, the records by position
-        self.positions = real_positions(n, cfg.real_workers)
+        # the real workers only, where the others are emulated peers (--real-workers, testbed.emulation.peers)
         self.workers = remote.spawn(PSWorker, self.cluster, cfg.real_workers, cfg, device=self.cluster.device,
                                     max_restarts=cfg.faults.max_restarts, concurrency=2)
         self.worker_live = remote.Liveness(self.workers, t, "worker")

@@ -64,6 +64,7 @@ class PSWorker(WorkerBase):
         self.servers, self.parts = servers, parts
         self.local = self.rank if colocated and self.rank < parts.servers else None
         self.held: tuple[np.ndarray, list[int], int] | None = None  # pulled params, versions, epoch
+        self.part_bytes = [self._bytes(p) for p in range(parts.count)]  # logical, on the wire
 
     @property
     def barrier_s(self) -> float:
@@ -107,7 +108,7 @@ class PSWorker(WorkerBase):
 
     def _peers_receive(self, replies: list[Any]) -> None:
         """The emulated peers' copies of the replies (each reply's last field: their departures)."""
-        self.peers_receive([self._bytes(p) for p in range(self.parts.count)], [r[5] for r in replies])
+        self.peers_receive(self.part_bytes, [r[5] for r in replies])
 
     def _push(self, grad: np.ndarray, versions: list[int], iteration: int, loss: float, epoch: int,
               pull: float | None, peers: list[list[float]]) -> tuple[list[Any], int]:
@@ -161,7 +162,7 @@ class PSWorker(WorkerBase):
         self.workload.set_params(params)
         grad, info = self.compute(iteration)
         t_pushing = time.time()
-        peers = self.peers_send([self._bytes(p) for p in range(self.parts.count)], t_pushing - t_pulled, iteration)
+        peers = self.peers_send(self.part_bytes, t_pushing - t_pulled, iteration)
         acks, sent = self._push(grad, versions, iteration, info["loss"], epoch, timeout if pull_after else None,
                                 peers)
         # a redone iteration whose first push counted: that push's read is the iteration's
@@ -177,7 +178,7 @@ class PSWorker(WorkerBase):
                 server_wait += max(r[2] for r in back)
         t_done = time.time()
         self.span("send", t_pushing, t_done)
-        recv = sum(self._bytes(p) for p in range(self.parts.count) if self.parts.server_of[p] != self.local)
+        recv = sum(b for p, b in enumerate(self.part_bytes) if self.parts.server_of[p] != self.local)
         return self.report({**info, "t_start": t0, "versions": versions, "acks": acks,
                             "server_wait_s": server_wait,
                             # moving bytes: the pull and push-pull spans less the longest wait at a

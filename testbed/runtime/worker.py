@@ -90,26 +90,31 @@ class WorkerBase:
         self.compression = config.compression if config.compression.kind != "none" else None
         self.stretch: Any = None
         # where this worker's strategy talks to a server or the driver, it plays its emulated
-        # peers' NICs (testbed.emulation.peers.SegmentNics); when each last held what it computes on
-        self.peer_nics = (SegmentNics(LinkSpec(*config.network.wire), self.segment)
-                          if self.segment and config.network.wire is not None else None)
+        # peers' NICs (testbed.emulation.peers.SegmentNics, made on first use: the ring's peers
+        # have a Relay instead); when each last held what it computes on
+        self._peer_nics: SegmentNics | None = None
         self.peer_ready = np.zeros(self.segment)
 
     # ---- plumbing shared by every strategy
+    def _nics(self) -> SegmentNics:
+        if self._peer_nics is None:
+            self._peer_nics = SegmentNics(LinkSpec(*self.config.network.wire), self.segment)
+        return self._peer_nics
+
     def peers_receive(self, nbytes: list[int], departures: list[list[float]]) -> None:
         """Parts of `nbytes` that left their senders for the emulated peers at
         `departures[part][peer]` reach the peers' NICs: when each peer holds them all."""
-        if self.peer_nics is not None:
-            self.peer_ready = self.peer_nics.receive(nbytes, departures)
+        if self.segment:
+            self.peer_ready = self._nics().receive(nbytes, departures)
 
     def peers_send(self, nbytes: list[int], compute_s: float, iteration: int) -> list[list[float]]:
         """Departures [part][peer] of the emulated peers' gradients: each peer computes as long as
         this worker did (`compute_s`), plus its straggler delay beyond this worker's, from when it
         held the parameters; then its parts leave back to back."""
-        if self.peer_nics is None:
+        if not self.segment:
             return [[] for _ in nbytes]
         at = self.peer_ready + compute_s + self.peer_delays(iteration)
-        return self.peer_nics.send(nbytes, list(at))
+        return self._nics().send(nbytes, list(at))
 
     def peer_delays(self, iteration: int) -> np.ndarray:
         """How much later than this worker each emulated peer of its segment has its gradient:

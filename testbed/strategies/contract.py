@@ -31,6 +31,7 @@ import numpy as np
 
 from testbed.analysis.records import Recorder, step_record
 from testbed.config import RunConfig
+from testbed.emulation.peers import real_positions
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,9 @@ class Strategy(ABC):
         self.cluster = cluster
         self.run_id = run_id
         self.workdir = workdir  # the run folder: checkpoints and other files of this run
+        # the positions of the real workers among the N (--real-workers, testbed.emulation.peers):
+        # a strategy knows its actors by index, its records name them by position
+        self.positions = real_positions(config.workers, config.real_workers)
 
     @property
     def name(self) -> str:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from testbed.ps.server import ShardState
+from testbed.ps.shard import ShardState
 from testbed.ps.ssp import ssp_may_start, ssp_staleness_bound
 from testbed.training.optim import OptimizerSpec
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from testbed.ps.partition import MiB, partition, partition_count
-from testbed.ps.server import ShardState
+from testbed.ps.shard import ShardState
 from testbed.training.optim import OptimizerSpec
 
 

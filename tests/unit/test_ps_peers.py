@@ -6,7 +6,7 @@ import pytest
 
 from testbed.emulation.network import LinkSpec
 from testbed.emulation.peers import SegmentNics
-from testbed.ps.server import ShardState
+from testbed.ps.shard import ShardState
 from testbed.training.optim import OptimizerSpec, mean_gradient
 
 LINK = LinkSpec(bandwidth=1e9, latency=1e-4)  # 1 GB/s: 1e6 bytes take 1 ms
