@@ -18,8 +18,9 @@ What an emulated peer is, for every strategy that has them:
   emulated peer is never earlier than its owner: its gradient does not exist before the owner's);
 - its messages follow the emulator's NIC model at the model's times (the strategy's package
   says how: testbed.allreduce.relay for the ring, `SegmentNics` below where a peer talks to a
-  server or the driver: testbed.ps.worker, testbed.mapreduce.driver), and it has no records of
-  its own: the summary's `real_workers` says how many workers have them.
+  server or the driver: testbed.ps.worker, testbed.mapreduce.driver; testbed.gossip.segment,
+  where it keeps a replica of its own), and it has no records of its own: the summary's
+  `real_workers` says how many workers have them.
 """
 
 from __future__ import annotations

@@ -14,6 +14,15 @@ Synchronous step t (`sync_step`), D-PSGD in adapt-then-combine form (Lian et al.
 There is no barrier: a worker waits only for its neighbours' step-t models, so it can run
 ahead of workers farther away in the graph.
 
+With emulated peers (--real-workers K < N) a real worker does the same for every position of
+its segment (testbed.gossip.segment): each peer's replica steps with a copy of the worker's
+gradient (its own optimizer state), its models leave its own NIC when its copy is ready (the
+worker's send time plus the peer's straggler delay beyond the worker's), and every position's
+ingress takes its neighbours' models in departure order. The segment's positions start a
+round together, when the last of them holds its neighbours' models: a real cluster's peer
+would start as soon as it held its own, which differs only where a straggler sits inside
+the segment (the emulated round then ends no earlier than the real one would).
+
 Asynchronous step (`async_step`), AD-PSGD-like pairwise averaging (Lian et al. 2018)::
 
     x_i <- x_i - lr g_i(snapshot)                      gradient of a snapshot; other threads
@@ -40,9 +49,10 @@ from typing import Any
 import numpy as np
 
 from testbed.emulation.network import sleep_until
-from testbed.gossip.topology import mix, mixing_row, neighbours, pairwise_partner
+from testbed.gossip.segment import Segment
+from testbed.gossip.topology import mix, pairwise_partner
 from testbed.runtime import remote
-from testbed.runtime.transport import Mailbox, ObjectStoreTransport, Wire
+from testbed.runtime.transport import Mailbox, Wire
 from testbed.runtime.worker import WorkerBase
 from testbed.training.optim import Optimizer, optimizer_for
 
@@ -51,93 +61,165 @@ class GossipPeer(WorkerBase):
     def __init__(self, config: Any, rank: int, device: str = "cpu", cpus: float = 1.0) -> None:
         super().__init__(config, rank, device, cpus)
         self.n = config.workers
-        self.nbrs = neighbours(config.gossip.topology, self.n)
-        self.row = mixing_row(rank, self.nbrs)
+        # the positions it plays and where their models go (its own alone unless --real-workers < N)
+        self.seg = Segment(config.gossip.topology, self.n, config.real_workers, self.index)
+        self.nbrs = self.seg.nbrs
         self.wire = Wire(half=config.compression.kind == "fp16")
         self.mailbox = Mailbox()
-        self.transport: Any = None
         self.peers: list[Any] = []
+        self.inflight: list[Any] = []
         self.lock = threading.Lock()
+        # the driver keeps a worker's next round queued behind the current one; the rounds run in
+        # order, the next starting the moment this one ends (no driver round trip between them)
+        self.turn, self.turns = 0, threading.Condition()
         self.x = self.workload.get_params()
         self.version = 0
         self.optimizer = Optimizer(optimizer_for(config.workload))  # this replica's own state
+        # the emulated peers' replicas and optimizer states (testbed.gossip.segment)
+        self.peer_x = [self.x.copy() for _ in range(self.segment)]
+        self.peer_opt = [Optimizer(optimizer_for(config.workload)) for _ in range(self.segment)]
 
     # ---- wiring and replica access
     def connect(self, peers: list[Any]) -> None:
+        """The real workers, by index."""
         self.peers = peers
-        self.transport = ObjectStoreTransport(None, self.mailbox, self.config.cluster.timeout_s,
-                                              self.endpoint, self.logical_factor, peers=peers, rank=self.rank)
 
-    def deliver(self, tag: Any, payload: np.ndarray, departure: float | None = None) -> None:
-        """Called by a neighbour: file its model with its departure stamp (see `_receive_all`)."""
-        self.mailbox.put(tag, (payload, departure))
+    def deliver(self, tag: Any, models: dict[int, np.ndarray], stamps: list[tuple[int, int, float | None]]) -> None:
+        """Called by another real worker: its positions' models and (from, to, departure) stamps."""
+        self.mailbox.put(tag, (models, stamps))
 
     def get_params(self) -> np.ndarray:
         with self.lock:
             return self.x.copy()
 
+    def get_replicas(self) -> list[np.ndarray]:
+        """Every replica it holds, in position order: its own, then its emulated peers'."""
+        with self.lock:
+            return [self.x.copy(), *(x.copy() for x in self.peer_x)]
+
     def set_params(self, flat: np.ndarray) -> None:
         with self.lock:
             self.x = np.array(flat, dtype=np.float32, copy=True)
+            self.peer_x = [self.x.copy() for _ in range(self.segment)]
         self.workload.set_params(self.x)
 
     def _logical(self, payload: np.ndarray) -> int:
         return int(payload.nbytes * self.logical_factor)
 
     # ---- one local SGD step
-    def _local_step(self, iteration: int) -> dict[str, Any]:
+    def _local_step(self, iteration: int) -> tuple[dict[str, Any], np.ndarray]:
         with self.lock:
             snapshot, version_read = self.x.copy(), self.version
         self.workload.set_params(snapshot)
         grad, info = self.compute(iteration)
+        grad = np.asarray(grad, np.float32)
         t0 = time.time()
         # --on-nan: a non-finite gradient is never applied (skip) or ends the run (stop)
         info["skipped"] = not self.nan.admit(grad, f"worker {self.rank} iteration {iteration}'s gradient")
         with self.lock:
             info["version_read"], info["version_applied"] = version_read, self.version
             if not info["skipped"]:
-                self.optimizer.step(self.x, np.asarray(grad, np.float32))
+                self.optimizer.step(self.x, grad)
                 self.version += 1
         info["t_applied"] = time.time()
         self.span("apply", t0, info["t_applied"])
-        return info
+        return info, grad
 
     # ---- synchronous gossip
     def sync_step(self, iteration: int) -> dict[str, Any]:
-        """Local step, send the model to every neighbour, mix their step-`iteration` models."""
-        info = self._local_step(iteration)
+        """Local step, send the model to every neighbour, mix their step-`iteration` models; the
+        same for every emulated peer it plays (testbed.gossip.segment)."""
+        with self.turns:
+            if not self.turns.wait_for(lambda: self.turn == iteration, timeout=self.config.cluster.timeout_s):
+                raise remote.RemoteTimeout(f"gossip worker {self.rank}: round {iteration} was not reached within "
+                                           f"{self.config.cluster.timeout_s:g}s (round {self.turn} still runs)")
+        try:
+            return self._round(iteration)
+        finally:
+            with self.turns:
+                self.turn = iteration + 1
+                self.turns.notify_all()
+
+    def _round(self, iteration: int) -> dict[str, Any]:
+        info, grad = self._local_step(iteration)
         t0 = time.time()
         mine = self.get_params()
-        payload = self.wire.encode(mine)
-        for j in self.nbrs[self.rank]:
-            self.transport.send_to(j, iteration, payload)
+        payloads = {self.rank: self.wire.encode(mine)}
+        nbytes = self._logical(payloads[self.rank])
+        # its models leave now; each peer's when its copy of the gradient is ready (its own
+        # straggler delay beyond this worker's), all back to back on their own NICs
+        ready = {self.rank: time.time()}
+        stepped = {self.rank: mine}
+        delays = self.peer_delays(iteration)
+        for i, p in enumerate(self.seg.positions[1:]):
+            if not info["skipped"]:
+                self.peer_opt[i].step(self.peer_x[i], grad)
+            stepped[p] = self.peer_x[i]
+            payloads[p] = self.wire.encode(stepped[p])
+            ready[p] = ready[self.rank] + delays[i]
+        departure = {(p, j): self._egress(p, nbytes, ready[p]) for p in self.seg.positions for j in self.nbrs[p]}
+        for r, pairs in self.seg.outgoing.items():
+            models = {p: payloads[p] for p in dict.fromkeys(p for p, _ in pairs)}
+            stamps = [(p, j, departure[p, j]) for p, j in pairs]
+            self.inflight.append(self.peers[r].deliver.remote(("gossip", self.index, iteration), models, stamps))
         t1 = time.time()
         self.span("send", t0, t1)
-        values = self._receive_all(iteration)
+        inbox = {p: {} for p in self.seg.positions}  # to -> from -> (payload, departure)
+        for p, j in self.seg.local:
+            inbox[j][p] = (payloads[p], departure[p, j])
+        for r in self.seg.senders:
+            models, stamps = self.mailbox.take(("gossip", r, iteration), self.config.cluster.timeout_s)
+            for p, j, d in stamps:
+                inbox[j][p] = (models[p], d)
         t2 = time.time()
         self.span("recv", t1, t2)
-        values[self.rank] = mine
-        mixed = mix(self.row, values)
+        # mix while the emulated transfers are still in flight (the models are here already),
+        # then wait for the last delivery: the real work hides inside the model's time
+        due = self._deliveries(inbox, nbytes)
+        mixed = {}
+        for p in self.seg.positions:
+            values = {j: self.wire.decode(payload) for j, (payload, _) in inbox[p].items()}
+            values[p] = stepped[p]
+            mixed[p] = mix(self.seg.rows[p], values)
         with self.lock:
-            self.x, self.version = mixed, self.version + 1
-        self.transport.settle()
+            self.x, self.version = mixed[self.rank], self.version + 1
+            self.peer_x = [mixed[p] for p in self.seg.positions[1:]]
+        held = [mixed[p].copy() for p in self.seg.positions]
+        if self.inflight:  # surface failures of this round's sends
+            remote.get(self.inflight, self.config.cluster.timeout_s, f"gossip worker {self.rank}'s sends")
+            self.inflight.clear()
+        if due is not None:
+            self.endpoint.finish(due)
         t3 = time.time()
         self.span("reduce", t2, t3)
-        nbytes = self._logical(payload) * len(self.nbrs[self.rank])
-        return self.report({**info, "comm_s": t3 - t0, "bytes_sent": nbytes, "bytes_recv": nbytes,
-                            "t_end": t3, "params": mixed.copy()})
+        sent = nbytes * len(self.nbrs[self.rank])
+        return self.report({**info, "comm_s": t3 - t0, "bytes_sent": sent, "bytes_recv": sent, "t_end": t3,
+                            "params": held[0], "peer_params": held[1:]})
 
-    def _receive_all(self, iteration: int) -> dict[int, np.ndarray]:
-        """The neighbours' step models; the emulated ingress takes them in departure order.
+    def _egress(self, p: int, nbytes: int, at: float) -> float | None:
+        """Position p's NIC sends a model at `at` (or as soon as its egress is free)."""
+        if p == self.rank:
+            return self.endpoint.send(nbytes, at)
+        return self._nics().nics[p - self.rank - 1].reserve_egress(nbytes, at)[0]
 
-        Reserving on arrival instead would let a model that left later (its sender's second
-        send slot) queue ahead of one already on the wire, which no NIC does.
-        """
-        got = {j: self.transport.take_stamped(j, iteration) for j in self.nbrs[self.rank]}
-        order = sorted(got, key=lambda j: (got[j][1] is None, got[j][1] or 0.0, j))
-        last = max((self.endpoint.delivery(self._logical(got[j][0]), got[j][1]) for j in order), default=0.0)
-        sleep_until(last)
-        return {j: self.wire.decode(payload) for j, (payload, _) in got.items()}
+    def _deliveries(self, inbox: dict[int, dict[int, tuple[np.ndarray, float | None]]], nbytes: int) -> float | None:
+        """Each position's ingress takes its neighbours' models in departure order (reserving on
+        arrival instead would let a model that left later queue ahead of one already on the
+        wire, which no NIC does); return when the last position holds them all (None when the
+        network is not emulated). Being past it when the round's work is done is lateness:
+        what this machine added to the round (`Endpoint.finish`)."""
+        due = None
+        for p, got in inbox.items():
+            for j in sorted(got, key=lambda j: (got[j][1] is None, got[j][1] or 0.0, j)):
+                d = got[j][1]
+                if p == self.rank:
+                    t = self.endpoint.delivery(nbytes, d, timed=False)
+                elif d is not None:
+                    t = self._nics().nics[p - self.rank - 1].reserve_ingress(nbytes, d)
+                else:
+                    continue
+                due = t if due is None else max(due, t)
+        return due if self.endpoint.emulated else None
 
     # ---- asynchronous gossip
     def average(self, payload: np.ndarray, departure: float | None) -> tuple[np.ndarray, float | None]:
@@ -153,7 +235,7 @@ class GossipPeer(WorkerBase):
 
     def async_step(self, iteration: int) -> dict[str, Any]:
         """Local step, then average with one seeded random neighbour."""
-        info = self._local_step(iteration)
+        info, _ = self._local_step(iteration)
         t0 = time.time()
         partner = pairwise_partner(self.rank, self.nbrs, self.config.seed, iteration)
         sent = recv = 0

@@ -15,7 +15,8 @@ from testbed.analysis import costmodel
 from testbed.config import RunConfig, fail
 from testbed.gossip.config import GossipConfig
 from testbed.gossip.topology import TOPOLOGIES, degree
-from testbed.strategies.contract import Prediction, Strategy, StrategySpec, Variant
+from testbed.strategies.contract import Equivalence, Prediction, Strategy, StrategySpec, Variant
+from testbed.workloads import tiny
 
 
 class GossipSpec(StrategySpec):
@@ -24,6 +25,10 @@ class GossipSpec(StrategySpec):
     sections = {"gossip": GossipConfig}  # its config section (testbed.gossip.config)
     keys = frozenset({"gossip.topology", "gossip.asynchronous", "compression"})
     choices = {"gossip.topology": TOPOLOGIES}
+    # runs equal to one-process training (tests/ray/test_equivalence.py): on the complete graph
+    # one mixing round is the exact average, so gossip is synchronous SGD, with emulated peers too
+    equivalence = (Equivalence(5, {**tiny.SYN, "gossip.topology": "complete", "network.bandwidth": "10Gbit",
+                                   "cluster.real_workers": 2}),)
     summary_keys = {
         "grad_bytes_logical": "bytes: the logical model size K (what a worker sends a neighbour)",
         "topology": "--topology",
@@ -41,6 +46,15 @@ class GossipSpec(StrategySpec):
 
     def synchronous(self, cfg: RunConfig) -> bool:
         return not cfg.gossip.asynchronous
+
+    def cannot_emulate_peers(self, cfg: RunConfig) -> str | None:
+        """Synchronous gossip plays emulated peers (testbed.gossip.segment): a real worker keeps
+        its peers' replicas and sends their models at the NIC model's times. A pairwise exchange
+        (--gossip-async) is a call into the partner's live replica at a moment of its choosing,
+        which a peer living in another worker's process cannot answer in its own time."""
+        if cfg.gossip.asynchronous:
+            return "--gossip-async averages pairwise with live replicas, each a real worker's"
+        return None
 
     def validate(self, cfg: RunConfig) -> None:
         if cfg.compression.kind == "topk":

@@ -46,7 +46,9 @@ import numpy as np
 import ray
 
 from testbed.analysis.records import Recorder, UpdateRecord
+from testbed.emulation.peers import weights
 from testbed.gossip.peer import GossipPeer
+from testbed.gossip.segment import most_senders
 from testbed.gossip.topology import (
     consensus_distance,
     degree,
@@ -64,8 +66,11 @@ class GossipSGD(Strategy):
     def setup(self) -> None:
         cfg, t = self.config, self.config.cluster.timeout_s
         self.degree = degree(cfg.gossip.topology, cfg.workers)
-        self.peers = remote.spawn(GossipPeer, self.cluster, cfg.workers, cfg, device=self.cluster.device,
-                                  concurrency=self.degree + 3)
+        # spare threads take the other real workers' messages (or averaging calls, asynchronous)
+        callers = self.degree if cfg.gossip.asynchronous else most_senders(cfg.gossip.topology, cfg.workers,
+                                                                           cfg.real_workers)
+        self.peers = remote.spawn(GossipPeer, self.cluster, cfg.real_workers, cfg, device=self.cluster.device,
+                                  concurrency=callers + 3)
         remote.get([p.ping.remote() for p in self.peers], remote.startup_timeout(t), "gossip worker start-up")
         params = remote.get(self.peers[0].get_params.remote(), t, "initial parameters")
         remote.broadcast(self.peers, params, t)
@@ -75,6 +80,7 @@ class GossipSGD(Strategy):
         # The driver's own replica evaluates the average model (no compute time to sleep).
         self.model = make_workload(replace(cfg.workload, compute_ms=0.0), seed=cfg.seed, workers=cfg.workers)
         self.distances: list[float] = []
+        self.ended: dict[int, float] = {}  # real worker -> when its last reported iteration ended
 
     def run(self, recorder: Recorder) -> None:
         cfg = self.config
@@ -97,19 +103,23 @@ class GossipSGD(Strategy):
         recorder.events_from(remote.drain_events(self.peers, cfg.cluster.timeout_s))
 
     def _run_sync(self, recorder: Recorder, losses: _UpdateLoss, xbar: np.ndarray) -> None:
-        cfg, n = self.config, self.config.workers
-        done: dict[int, dict[int, dict[str, Any]]] = {}  # iteration -> worker -> info
-        driver = _Driver(self.peers, "sync_step", cfg.steps, cfg.steps * n, cfg.cluster.timeout_s)
+        """Global step t is complete once every real worker (and so every position) has ended
+        iteration t. Its loss is on the real workers' batches: an emulated peer's batch is its
+        owner's (testbed.emulation.peers), so with N a multiple of K that is the global batch's."""
+        cfg, k = self.config, self.config.real_workers
+        played = weights(cfg.workers, k)
+        done: dict[int, dict[int, dict[str, Any]]] = {}  # iteration -> real worker -> info
+        driver = _Driver(self.peers, "sync_step", cfg.steps, cfg.steps * k, cfg.cluster.timeout_s, depth=2)
         for w, it, info, t_issue in driver:
             self._record(recorder, w, it, info, it, it, t_issue)
             done.setdefault(it, {})[w] = info
-            while len(done.get(len(self.distances), {})) == n:  # global steps complete in order
+            while len(done.get(len(self.distances), {})) == k:  # global steps complete in order
                 step, infos = len(self.distances), done.pop(len(self.distances))
-                replicas = [infos[r]["params"] for r in range(n)]
+                replicas = [x for r in range(k) for x in (infos[r]["params"], *infos[r]["peer_params"])]
                 self.distances.append(consensus_distance(replicas))
-                applied = sum(1 for i in infos.values() if not i["skipped"])
-                losses.submit(step + 1, xbar, [(r, step) for r in range(n)],
-                                 max(i["t_end"] for i in infos.values()), applied)
+                applied = sum(played[self.positions[r]] for r, i in infos.items() if not i["skipped"])
+                losses.submit(step + 1, xbar, [(q, step) for q in self.positions],
+                              max(i["t_end"] for i in infos.values()), applied)
                 xbar = np.mean(replicas, axis=0).astype(np.float32)
                 recorder.evaluate(step + 1, xbar)  # held-out: the average model after the step
 
@@ -127,12 +137,15 @@ class GossipSGD(Strategy):
 
     def _record(self, recorder: Recorder, w: int, it: int, info: dict[str, Any], read: int, applied: int,
                 t_issue: float) -> None:
-        """A gossip iteration; a skipped one (--on-nan skip) applied nothing."""
+        """A gossip iteration; a skipped one (--on-nan skip) applied nothing. Its wait: from when
+        it could start (issued, and its previous iteration over) to its start."""
+        ready = max(t_issue, self.ended.get(w, t_issue))
+        self.ended[w] = info["t_end"]
         if info["skipped"]:
-            recorder.fault("nan-skipped", f"worker{w}", it, info["t_applied"], info["t_applied"])
-        self.record(recorder, w, it, info, version_read=read,
+            recorder.fault("nan-skipped", f"worker{self.positions[w]}", it, info["t_applied"], info["t_applied"])
+        self.record(recorder, self.positions[w], it, info, version_read=read,
                     version_applied=None if info["skipped"] else applied,
-                    wait_s=max(0.0, info["t_start"] - t_issue))
+                    wait_s=max(0.0, info["t_start"] - ready))
 
     def summary_extra(self) -> dict[str, Any]:
         cfg = self.config
@@ -152,7 +165,9 @@ class GossipSGD(Strategy):
         return unflatten(np.mean(self.replica_parameters(), axis=0).astype(np.float32), self.layout)
 
     def replica_parameters(self) -> list[np.ndarray]:
-        return remote.get([p.get_params.remote() for p in self.peers], self.config.cluster.timeout_s, "replicas")
+        """Every position's replica, in position order (an emulated peer's from its owner)."""
+        held = remote.get([p.get_replicas.remote() for p in self.peers], self.config.cluster.timeout_s, "replicas")
+        return [x for xs in held for x in xs]
 
     def teardown(self) -> None:
         remote.kill_all(getattr(self, "peers", []))
@@ -169,25 +184,31 @@ class WorkerLost(RuntimeError):
 
 
 class _Driver:
-    """Keep one step in flight per worker; yield (worker, iteration, info, t_issue) as they end.
+    """Keep `depth` steps in flight per worker; yield (worker, iteration, info, t_issue) as they end.
 
-    `per_worker` caps each worker's iterations (synchronous); `total` caps all of them.
+    `per_worker` caps each worker's iterations (synchronous); `total` caps all of them. With
+    depth 2 (synchronous rounds, which a worker runs in order: GossipPeer.sync_step) a worker's
+    next round waits in its actor while this one runs, so the driver's round trip never sits
+    between two rounds; asynchronous steps keep depth 1 (one at a time, as issued).
     """
 
     def __init__(self, peers: list[Any], method: str, per_worker: int | None, total: int,
-                 timeout: float) -> None:
+                 timeout: float, depth: int = 1) -> None:
         self.peers, self.method, self.per_worker, self.total = peers, method, per_worker, total
-        self.timeout = timeout
+        self.timeout, self.depth = timeout, depth
 
     def __iter__(self):
         issued, next_it, inflight = 0, [0] * len(self.peers), {}
+        pending = [0] * len(self.peers)
 
         def issue(w: int) -> None:
             nonlocal issued
-            if issued < self.total and (self.per_worker is None or next_it[w] < self.per_worker):
+            while (pending[w] < self.depth and issued < self.total
+                   and (self.per_worker is None or next_it[w] < self.per_worker)):
                 ref = getattr(self.peers[w], self.method).remote(next_it[w])
                 inflight[ref] = (w, next_it[w], time.time())
                 next_it[w] += 1
+                pending[w] += 1
                 issued += 1
 
         for w in range(len(self.peers)):
@@ -199,6 +220,7 @@ class _Driver:
                 raise remote.RemoteTimeout(f"gossip: no worker finished a step within {self.timeout:g}s "
                                            f"(workers {busy}); a neighbour may be dead or hung")
             w, it, t_issue = inflight.pop(ready[0])
+            pending[w] -= 1
             try:
                 info = remote.get(ready[0], self.timeout, f"gossip worker {w} step {it}")
             except ray.exceptions.RayActorError as exc:  # a process is gone (not an error it raised)

@@ -136,8 +136,12 @@ def spectral_gap(w: np.ndarray) -> float:
 
 def consensus_distance(replicas: list[np.ndarray] | np.ndarray) -> float:
     """Return the mean L2 distance of the replicas from their average."""
-    x = np.asarray(replicas, dtype=np.float64)
-    return float(np.mean(np.linalg.norm(x - x.mean(axis=0), axis=1)))
+    rows = list(replicas)
+    mean = np.zeros(np.shape(rows[0]), np.float64)
+    for x in rows:  # one replica at a time in float64: N replicas of a large model never all widen at once
+        mean += x
+    mean /= len(rows)
+    return float(np.mean([np.linalg.norm(np.asarray(x, np.float64) - mean) for x in rows]))
 
 
 def pairwise_partner(rank: int, nbrs: list[list[int]], seed: int, iteration: int) -> int | None:

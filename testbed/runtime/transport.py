@@ -1,12 +1,12 @@
-"""Transports that move buffer pieces between peer actors (the allreduce algorithms and gossip
-both use them), and the wire format they carry.
+"""Transports that move buffer pieces between peer actors (the allreduce algorithms use them; gossip
+its Mailbox and Wire), and the wire format they carry.
 
 Two calls serve every schedule:
 - `exchange(tag, send, recv_numel) -> received`: the ring's step -- send to the right
   neighbour, receive from the left one. The result may be a view of a shared buffer: drop
   it before the next exchange (the send may wait until the neighbour dropped its own).
 - `send_to(peer, tag, array)` / `recv_from(peer, tag, numel, template) -> received`: any pair
-  of ranks (halving-doubling, trees, hierarchical, gossip). Sends never block; a receive blocks
+  of ranks (halving-doubling, trees, hierarchical). Sends never block; a receive blocks
   until its message is there. `flush()` ends a round (torch: the round's sends are complete),
   `settle()` ends a step (object store: surface failures of the step's sends).
 
@@ -118,11 +118,6 @@ class ObjectStoreTransport:
         payload, delivery = self.mailbox.take(("p2p", peer, tag), self.timeout)
         sleep_until(delivery)
         return payload
-
-    def take_stamped(self, peer: int, tag: Any) -> tuple[np.ndarray, float | None]:
-        """(payload, departure) of a `send_to`, for a receiver whose `deliver` files departures
-        and that reserves its ingress itself (gossip: d models per step, in departure order)."""
-        return self.mailbox.take(("p2p", peer, tag), self.timeout)
 
     def flush(self) -> None:
         pass

@@ -6,6 +6,7 @@ import pytest
 import ray
 
 from testbed.analysis.records import Recorder
+from testbed.emulation.peers import owner
 from testbed.gossip.topology import consensus_distance, mix, mixing_row, neighbours
 from testbed.runtime.cluster import Cluster
 from testbed.strategies.registry import SPECS
@@ -32,7 +33,8 @@ def test_complete_graph_equals_synchronous_sgd_and_sends_d_times_k():
 
 
 def _dpsgd_reference(cfg, start):
-    """Single-process synchronous gossip: x_i <- sum_j W_ij (x_j - lr g_j(x_j)), per step."""
+    """Single-process synchronous gossip: x_i <- sum_j W_ij (x_j - lr g_j(x_j)), per step; an
+    emulated peer's gradient is its owner's, g_o(x_o) (testbed.emulation.peers)."""
     n, lr = cfg.workers, np.float32(cfg.workload.lr)
     nbrs = neighbours(cfg.gossip.topology, n)
     model = make_workload(cfg.workload, seed=cfg.seed, workers=n)
@@ -40,8 +42,9 @@ def _dpsgd_reference(cfg, start):
     for t in range(cfg.steps):
         stepped = []
         for i, x in enumerate(xs):
-            model.set_params(x)
-            stepped.append(x - lr * model.gradient(model.batch(i, t))[0])
+            o = owner(n, cfg.real_workers, i)
+            model.set_params(xs[o])
+            stepped.append(x - lr * model.gradient(model.batch(o, t))[0])
         xs = [mix(mixing_row(i, nbrs), dict(enumerate(stepped))) for i in range(n)]
         distances.append(consensus_distance(xs))
     return xs, distances
@@ -68,6 +71,25 @@ def test_ring_gossip_matches_dpsgd_and_consensus_distance_shrinks():
     assert d[-1] < 0.3 * d[0]
     np.testing.assert_allclose(extra["consensus_distance"], distances, rtol=1e-4)
     assert len(rec.updates) == cfg.steps and extra["degree"] == 2
+
+
+def test_emulated_peers_step_their_own_replicas_with_their_owners_gradients_at_their_own_times():
+    """N = 6 on a ring graph played by 2 real workers (positions 0 and 3): every replica equals
+    D-PSGD where a peer's gradient is its owner's, and a straggler that is an emulated peer
+    (position 1, 300 ms) holds its owner's rounds back: its models leave when it is done."""
+    cfg = make_config(strategy="gossip", workers=6, steps=3,
+                      **{**SYNTHETIC, "gossip.topology": "ring", "network.bandwidth": "10Gbit",
+                         "cluster.real_workers": 2, "straggler": "fixed:worker=1,delay=300ms"})
+    out = run_strategy(cfg)
+    start = [make_workload(cfg.workload, seed=cfg.seed, workers=6).get_params()] * 6
+    expected, distances = _dpsgd_reference(cfg, start)
+    for got, want in zip(out["replicas"], expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["extra"]["consensus_distance"], distances, rtol=1e-4, atol=1e-7)
+    assert distances[-1] > 0  # two owners' gradients: the replicas do differ
+    steps = out["steps"]
+    assert sorted(set(steps["worker"])) == [0, 3] and (steps["staleness"] == 0).all()
+    assert (steps[steps["worker"] == 0]["comm_s"] >= 0.3).all()  # waits for its peer's models
 
 
 def test_async_gossip_invariants_and_emulated_cost():

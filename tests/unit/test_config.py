@@ -191,7 +191,8 @@ BAD = [
                                 "cluster.real_workers": 2}, "--real-workers", 2),
     ("real-workers-mapreduce-fp16", {**EMULATED_RING, "strategy": "mapreduce", "compression": "fp16",
                                      "cluster.real_workers": 2}, "--real-workers", 2),
-    ("real-workers-gossip", {**EMULATED_RING, "strategy": "gossip", "cluster.real_workers": 2}, "--real-workers", 2),
+    ("real-workers-gossip-async", {**EMULATED_RING, "strategy": "gossip", "gossip.asynchronous": True,
+                                   "cluster.real_workers": 2}, "--real-workers", 2),
     ("real-workers-torch", {**EMULATED_RING, "strategy": "allreduce-torch", "network.bandwidth": None,
                             "cluster.real_workers": 2}, "--real-workers", 2),
     ("real-workers-algorithm", {**EMULATED_RING, "ring.algorithm": "halving-doubling", "cluster.real_workers": 2},
@@ -259,6 +260,7 @@ GOOD = [
     ("real-workers-hosted", {**EMULATED_RING, "cluster.real_workers": 4, "cluster.workers_per_process": 2}),
     ("real-workers-ps-sync", {**EMULATED_RING, "strategy": "ps-sync", "ps.shards": 2, "cluster.real_workers": 2}),
     ("real-workers-mapreduce", {**EMULATED_RING, "strategy": "mapreduce", "cluster.real_workers": 3}),
+    ("real-workers-gossip", {**EMULATED_RING, "strategy": "gossip", "cluster.real_workers": 3}),
 ]
 
 
@@ -276,6 +278,8 @@ def test_real_workers_auto_keeps_every_worker_real_up_to_32_and_plays_peers_beyo
     assert real(workers=64, **{"network.bandwidth": None}) == 64  # no emulated network: all real
     assert real(workers=64, strategy="ps-sync") == real(workers=64, strategy="mapreduce") == 16
     assert real(workers=64, strategy="ps-async") == 64  # no emulated peers there: all real
+    assert real(workers=64, strategy="gossip") == 16
+    assert real(workers=64, strategy="gossip", **{"gossip.asynchronous": True}) == 64
     assert real(workers=64, strategy="ps-sync", **{"ps.placement": "colocated"}) == 64
     assert real(workers=64, **{"faults.fail": "worker=0,at=2"}) == 64
 
