@@ -136,8 +136,10 @@ class MapReduce(Strategy):
         for r, (_, info) in enumerate(results):
             if not finite[r]:
                 recorder.fault("nan-skipped", f"worker{self.positions[r]}", step, t_reduce, t_reduce)
+            # the step's time at the driver less the worker's compute: on one machine never below 0
+            # (the gradient exists only after it); across machines the clocks' offset shows here, unclamped
             info.update(t_start=t_issue, bytes_recv=self.k,
-                        comm_s=max(0.0, arrivals[r] - t_issue - info["compute_s"] - info["injected_delay_s"]))
+                        comm_s=arrivals[r] - t_issue - info["compute_s"] - info["injected_delay_s"])
             info.pop("peer_departures", None)
             self.record(recorder, self.positions[r], step, info, version_read=step,
                         version_applied=step if finite[r] else None,
