@@ -109,6 +109,7 @@ class RingPeer(WorkerBase):
         self._schedules: dict[int, list] = {}
         self.optimizer = Optimizer(optimizer_for(config.workload))  # every replica steps the same state
         self._snapshot: tuple[int, Any, Any] | None = None  # (iteration, params, optimizer state before it)
+        self._deferred: tuple[int, float, float] | None = None  # (bucket, start, model's end): _reduce_bucket
         # only the object-store ring is rebuilt after a death (allreduce/strategy.py)
         self._recoverable = (not library and config.ring.transport == "object-store"
                              and config.faults.max_restarts > 0)
@@ -222,10 +223,20 @@ class RingPeer(WorkerBase):
 
     # ---- one training step
     def _reduce_bucket(self, iteration: int, b: int, view: Any, ready: float) -> tuple[float, int, int]:
-        """Sum bucket b across the workers; `ready`: when backward handed it over."""
+        """Sum bucket b across the workers; `ready`: when backward handed it over.
+
+        With emulated peers the last bucket's sum is complete before the model's end of its
+        allreduce, so the worker does not sleep to that end here: `train_step` applies the update
+        first and then sleeps (`_finish_deferred`). The model has no time for the optimizer step
+        (a GPU's takes milliseconds); this machine's, on the CPU, runs inside the last transfer
+        instead of after it, and shows as lateness only where it outlasts it."""
         t0 = time.time()
         if self.relay is not None:
-            sent, recv = self._relay_allreduce(iteration, view, (iteration, self.attempt, b), ready)
+            last = b == len(self.buckets) - 1
+            sent, recv, due = self._relay_allreduce(iteration, view, (iteration, self.attempt, b), ready, wait=not last)
+            if last and due is not None:
+                self._deferred = (b, t0, due)
+                return 0.0, sent, recv
         elif self.library:
             import torch
             import torch.distributed as dist
@@ -240,7 +251,21 @@ class RingPeer(WorkerBase):
         self.span("reduce", t0, t1)
         return t1 - t0, sent, recv
 
-    def _relay_allreduce(self, iteration: int, view: Any, tag: Any, ready: float) -> tuple[int, int]:
+    def _finish_deferred(self, bucket_s: list[float]) -> float:
+        """Sleep to the model's end of the last bucket's allreduce if `_reduce_bucket` left it to
+        this step (its time then counts from its start to there); return when communication ended."""
+        if self._deferred is None:
+            return time.time()
+        b, t0, due = self._deferred
+        self._deferred = None
+        self.endpoint.finish(due)
+        t1 = time.time()
+        bucket_s[b] = t1 - t0
+        self.span("reduce", t0, t1)
+        return t1
+
+    def _relay_allreduce(self, iteration: int, view: Any, tag: Any, ready: float,
+                         wait: bool = True) -> tuple[int, int, float | None]:
         """The ring of N positions, this worker's segment of emulated peers played here
         (testbed.allreduce.relay); the adds run on a numpy view of the bucket (a copy, written
         back, for a GPU tensor)."""
@@ -248,7 +273,7 @@ class RingPeer(WorkerBase):
         link = getattr(self.transport, "link", None)
         io = link if link is not None else Loopback()  # one real worker: its segment comes back to it
         out = relay_allreduce(buf, self.rank, self.n, self.relay, self.upstream, io, tag, self.endpoint,
-                              ready, self._peers_ready(iteration, ready))
+                              ready, self._peers_ready(iteration, ready), wait)
         if not isinstance(view, np.ndarray) and view.device.type != "cpu":
             view[:] = like(buf, view)
         return out
@@ -290,6 +315,7 @@ class RingPeer(WorkerBase):
         if comm is not None and comm.is_alive():  # let it see the abort before the flag clears
             comm.join(timeout=1.0)
         self.mailbox.reset()
+        self._deferred = None
         if self._snapshot is not None and self._snapshot[0] == iteration:
             self.workload.set_params(self._snapshot[1])
             self.optimizer.load_state_dict(self._snapshot[2])
@@ -307,6 +333,7 @@ class RingPeer(WorkerBase):
         optimizer; with `send_params`, the report carries the parameters after it (evaluation)."""
         t_start = time.time()
         self.attempt = attempt  # tags carry it: messages of an aborted attempt never match
+        self._deferred = None
         batch = self.workload.batch(self.rank, iteration)
         bucket_s = [0.0] * len(self.buckets)
         sent = [0, 0]  # wire bytes sent, received
@@ -319,7 +346,7 @@ class RingPeer(WorkerBase):
                                                              info["t_computed"])
                 sent[0] += out
                 sent[1] += into
-        t_comm_end = time.time()
+        t_comm_end = time.time()  # or, with emulated peers, the model's end of the last bucket (below)
         if self.transport is not None:
             self.transport.settle()
         t_a0 = time.time()
@@ -332,6 +359,9 @@ class RingPeer(WorkerBase):
             self.workload.apply_update(grad, self.optimizer)
         t_a1 = time.time()
         self.span("apply", t_a0, t_a1)
+        if self._deferred is not None:  # the update ran inside the last transfer: end it now
+            t_comm_end = self._finish_deferred(bucket_s)
+            t_a0 = t_a1 = max(t_a1, t_comm_end)  # no time after communication left to apply
         extra = {"params": self.workload.get_params()} if send_params else {}
         return self.report({**extra,
             **info, "t_start": t_start, "comm_s": t_comm_end - info["t_computed"], "apply_s": t_a1 - t_a0,

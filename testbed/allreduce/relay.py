@@ -244,14 +244,17 @@ class Loopback:
 
 
 def relay_allreduce(buf: np.ndarray, position: int, n: int, relay: Relay, upstream: int, io: Any,
-                    tag: Any, endpoint: Any, ready: float, peers_ready: np.ndarray) -> tuple[int, int]:
+                    tag: Any, endpoint: Any, ready: float, peers_ready: np.ndarray,
+                    wait: bool = True) -> tuple[int, int, float | None]:
     """Sum `buf` (float32, in place) over the n positions of a ring whose segments are emulated:
     this worker's steps at `position`, its own segment by `relay`, the segment before it
     `upstream` peers long. `ready`: when this bucket was ready here (emulated time);
     `peers_ready[x]`: when emulated peer x of its segment had it. Returns the wire bytes
-    (sent, received) of this position, as a worker of an n-ring sends them."""
+    (sent, received) of this position, as a worker of an n-ring sends them, and when the
+    allreduce ends in the model. Not `wait`: the sum is complete on return, and the caller
+    sleeps to that end itself (`Endpoint.finish`), after work the model has no time for."""
     if n == 1:
-        return 0, 0
+        return 0, 0, None
     steps = 2 * (n - 1)
     bounds = chunk_bounds(len(buf), n)
     schedule = scatter_reduce_schedule(position, n) + allgather_schedule(position, n)
@@ -277,5 +280,6 @@ def relay_allreduce(buf: np.ndarray, position: int, n: int, relay: Relay, upstre
             buf[lo:hi] += payload
         else:
             buf[lo:hi] = payload
-    endpoint.finish(t)
-    return sent, got
+    if wait:
+        endpoint.finish(t)
+    return sent, got, t
