@@ -42,6 +42,7 @@ from testbed.runtime.remote import RemoteTimeout, get
 from testbed.runtime.transport import (
     Mailbox,
     ObjectStoreTransport,
+    StepAborted,
     TorchTransport,
     Wire,
     like,
@@ -114,6 +115,7 @@ class RingPeer(WorkerBase):
         self._recoverable = (not library and config.ring.transport == "object-store"
                              and config.faults.max_restarts > 0)
         self.attempt = 0
+        self.done, self.turns = -1, threading.Condition()  # the last step ended here (train_step)
 
     # ---- wiring
     def deliver(self, tag: Any, payload: np.ndarray, departure: float | None = None) -> None:
@@ -308,6 +310,8 @@ class RingPeer(WorkerBase):
     # ---- recovery (driver-initiated, see allreduce/strategy.py)
     def abort(self) -> None:
         self.mailbox.abort()
+        with self.turns:  # a queued step waiting for its turn ends too
+            self.turns.notify_all()
 
     def reset(self, iteration: int) -> None:
         """Forget the aborted attempt: mailbox cleared, parameters as before `iteration`."""
@@ -316,6 +320,8 @@ class RingPeer(WorkerBase):
             comm.join(timeout=1.0)
         self.mailbox.reset()
         self._deferred = None
+        with self.turns:  # the step is redone next (a restarted peer, fresh, starts there too)
+            self.done = iteration - 1
         if self._snapshot is not None and self._snapshot[0] == iteration:
             self.workload.set_params(self._snapshot[1])
             self.optimizer.load_state_dict(self._snapshot[2])
@@ -329,6 +335,24 @@ class RingPeer(WorkerBase):
         self.optimizer.load_state_dict(state, like=like if like is not None else self.workload.get_params())
 
     def train_step(self, iteration: int, attempt: int = 0, send_params: bool = False) -> dict[str, Any]:
+        """Run `iteration` (`run_step`) once the one before it has ended here. The driver queues a
+        worker's next step while this one runs, so no driver round trip sits between two steps
+        (a real cluster has no driver between them); an abort (recovery) ends a queued step too."""
+        with self.turns:
+            ready = self.turns.wait_for(lambda: self.done >= iteration - 1 or self.mailbox.aborted,
+                                        timeout=self.config.cluster.timeout_s)
+        if self.mailbox.aborted:
+            raise StepAborted(f"worker {self.rank} step {iteration}: aborted before it began (a peer died)")
+        if not ready:
+            raise RemoteTimeout(f"worker {self.rank}: step {iteration - 1} did not end within "
+                                f"{self.config.cluster.timeout_s:g}s, so step {iteration} could not begin")
+        out = self.run_step(iteration, attempt, send_params)
+        with self.turns:
+            self.done = iteration
+            self.turns.notify_all()
+        return out
+
+    def run_step(self, iteration: int, attempt: int = 0, send_params: bool = False) -> dict[str, Any]:
         """Compute, allreduce every bucket (overlapped with backward or after it), apply the
         optimizer; with `send_params`, the report carries the parameters after it (evaluation)."""
         t_start = time.time()

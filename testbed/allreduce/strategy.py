@@ -86,27 +86,43 @@ class RingAllreduce(Strategy):
         self.overlap_saved: list[float] = []
         if recorder.wants_eval(0):
             recorder.evaluate(0, remote.get(self.peers[0].get_params.remote(), cfg.cluster.timeout_s, "parameters"))
+        # Each worker's next step is queued while this one runs (RingPeer.train_step runs them in
+        # turn), so the driver's round trip never sits between two steps; a failed step's queued
+        # successor is aborted with it, and queued again once the step has been redone. With
+        # injected faults (--fail) steps go one at a time: a worker told to die as step k begins
+        # would otherwise take step k-1's report, already computed, down with it, and the run
+        # would name the wrong step.
+        ahead = not cfg.faults.fail.items
+        queued: dict[int, tuple[list[Any], float]] = {}
+        ended = [0.0] * len(self.peers)  # when each worker's last step ended: a queued step waits from there
+
+        def issue(step: int, attempt: int) -> tuple[list[Any], float]:
+            send = recorder.wants_eval(step + 1)  # rank 0's parameters come back with its report
+            return [p.train_step.remote(step, attempt, send and r == 0) for r, p in enumerate(self.peers)], time.time()
+
         for step in range(cfg.steps):
             attempt = 0
-            send = recorder.wants_eval(step + 1)  # rank 0's parameters come back with its report
             while True:
-                t_issue = time.time()
-                refs = [p.train_step.remote(step, attempt, send and r == 0) for r, p in enumerate(self.peers)]
+                refs, t_issue = queued.pop(step, None) or issue(step, attempt)
+                if ahead and step + 1 < cfg.steps:
+                    queued[step + 1] = issue(step + 1, 0)
                 try:
                     infos = remote.get(refs, cfg.cluster.timeout_s, f"{self.name} step {step}")
                     break
                 except (*remote.ACTOR_ERRORS, ray.exceptions.RayTaskError) as exc:
                     if attempt >= max(1, cfg.faults.max_restarts):  # the step keeps failing: stop with its error
                         raise
-                    self._recover(recorder, step, refs, exc, t_issue)
+                    self._recover(recorder, step, refs + queued.pop(step + 1, ([], 0.0))[0], exc, t_issue)
                     attempt += 1
             t_done = time.time()
             last_end = max(i["t_end"] for i in infos)
             applied = all(i["applied"] for i in infos)
             for r, info in enumerate(infos):
+                began = max(t_issue, ended[r])
+                ended[r] = info["t_end"]
                 self.record(recorder, self.positions[r], step, info, version_read=step,
                             version_applied=step if applied else None,
-                            wait_s=(info["t_start"] - t_issue) + (last_end - info["t_end"]) + info["apply_s"])
+                            wait_s=(info["t_start"] - began) + (last_end - info["t_end"]) + info["apply_s"])
                 self.bucket_s.append(info["bucket_s"])
                 # communication hidden under backward: what the buckets took, minus what was
                 # left after backward ended (negative when overlap made things slower)
@@ -116,7 +132,7 @@ class RingAllreduce(Strategy):
             recorder.update(UpdateRecord(version=step + 1, t_applied=t_done, contributors=n if applied else 0,
                                          dropped=0 if applied else n,
                                          loss=float(np.mean([i["loss"] for i in infos]))))
-            if send:
+            if "params" in infos[0]:  # asked for at issue (recorder.wants_eval)
                 recorder.evaluate(step + 1, infos[0]["params"])
         recorder.events_from(remote.drain_events(self.peers, cfg.cluster.timeout_s))
 
@@ -144,7 +160,7 @@ class RingAllreduce(Strategy):
             self.liveness.wait_alive(i)
         if not live:
             raise RuntimeError(f"{self.name}: every peer died at step {step}; nothing to resume from")
-        remote.get([self.peers[i].reset.remote(step) for i in live], t, "ring reset")
+        remote.get([p.reset.remote(step) for p in self.peers], t, "ring reset")  # restarted ones too: the step is next
         params = remote.get(self.peers[live[0]].get_params.remote(), t, "survivor parameters")
         remote.broadcast([self.peers[i] for i in dead], params, t, "parameter re-sync")
         state = remote.get(self.peers[live[0]].optimizer_state.remote(), t, "survivor optimizer state")

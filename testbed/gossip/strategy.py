@@ -109,7 +109,11 @@ class GossipSGD(Strategy):
         cfg, k = self.config, self.config.real_workers
         played = weights(cfg.workers, k)
         done: dict[int, dict[int, dict[str, Any]]] = {}  # iteration -> real worker -> info
-        driver = _Driver(self.peers, "sync_step", cfg.steps, cfg.steps * k, cfg.cluster.timeout_s, depth=2)
+        # rounds queued ahead, unless faults are injected (--fail): a worker told to die as round t
+        # begins would otherwise take round t-1's report down with it, and the run would name the
+        # wrong round
+        depth = 1 if cfg.faults.fail.items else 2
+        driver = _Driver(self.peers, "sync_step", cfg.steps, cfg.steps * k, cfg.cluster.timeout_s, depth=depth)
         for w, it, info, t_issue in driver:
             self._record(recorder, w, it, info, it, it, t_issue)
             done.setdefault(it, {})[w] = info

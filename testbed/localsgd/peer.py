@@ -27,7 +27,7 @@ class LocalSGDPeer(RingPeer):
         self.outer = OuterStep(own.outer_optimizer, own.outer_lr, own.outer_momentum)
         self.anchor = None  # the round's start: set with the first iteration
 
-    def train_step(self, iteration: int, attempt: int = 0, send_params: bool = False) -> dict[str, Any]:
+    def run_step(self, iteration: int, attempt: int = 0, send_params: bool = False) -> dict[str, Any]:
         """One local step; at the end of a round, the average and the outer step."""
         t_start = time.time()
         self.attempt = attempt
