@@ -42,12 +42,12 @@ from testbed.runtime.remote import RemoteTimeout, get
 from testbed.runtime.transport import (
     Mailbox,
     ObjectStoreTransport,
-    StepAborted,
     TorchTransport,
     Wire,
     like,
     to_numpy,
 )
+from testbed.runtime.turns import Turns
 from testbed.runtime.worker import WorkerBase
 from testbed.training.compressor import Compressor, unpack_sparse
 from testbed.training.optim import Optimizer, optimizer_for, to_numpy_state
@@ -115,7 +115,7 @@ class RingPeer(WorkerBase):
         self._recoverable = (not library and config.ring.transport == "object-store"
                              and config.faults.max_restarts > 0)
         self.attempt = 0
-        self.done, self.turns = -1, threading.Condition()  # the last step ended here (train_step)
+        self.turns = Turns()  # train_step runs steps in order (testbed.runtime.turns)
 
     # ---- wiring
     def deliver(self, tag: Any, payload: np.ndarray, departure: float | None = None) -> None:
@@ -310,8 +310,7 @@ class RingPeer(WorkerBase):
     # ---- recovery (driver-initiated, see allreduce/strategy.py)
     def abort(self) -> None:
         self.mailbox.abort()
-        with self.turns:  # a queued step waiting for its turn ends too
-            self.turns.notify_all()
+        self.turns.wake()  # a queued step waiting for its turn ends too
 
     def reset(self, iteration: int) -> None:
         """Forget the aborted attempt: mailbox cleared, parameters as before `iteration`."""
@@ -320,8 +319,7 @@ class RingPeer(WorkerBase):
             comm.join(timeout=1.0)
         self.mailbox.reset()
         self._deferred = None
-        with self.turns:  # the step is redone next (a restarted peer, fresh, starts there too)
-            self.done = iteration - 1
+        self.turns.redo(iteration)  # next (a restarted peer, fresh, starts there too)
         if self._snapshot is not None and self._snapshot[0] == iteration:
             self.workload.set_params(self._snapshot[1])
             self.optimizer.load_state_dict(self._snapshot[2])
@@ -338,18 +336,9 @@ class RingPeer(WorkerBase):
         """Run `iteration` (`run_step`) once the one before it has ended here. The driver queues a
         worker's next step while this one runs, so no driver round trip sits between two steps
         (a real cluster has no driver between them); an abort (recovery) ends a queued step too."""
-        with self.turns:
-            ready = self.turns.wait_for(lambda: self.done >= iteration - 1 or self.mailbox.aborted,
-                                        timeout=self.config.cluster.timeout_s)
-        if self.mailbox.aborted:
-            raise StepAborted(f"worker {self.rank} step {iteration}: aborted before it began (a peer died)")
-        if not ready:
-            raise RemoteTimeout(f"worker {self.rank}: step {iteration - 1} did not end within "
-                                f"{self.config.cluster.timeout_s:g}s, so step {iteration} could not begin")
+        self.turns.wait(iteration, self.config.cluster.timeout_s, lambda: self.mailbox.aborted, f"worker {self.rank}")
         out = self.run_step(iteration, attempt, send_params)
-        with self.turns:
-            self.done = iteration
-            self.turns.notify_all()
+        self.turns.ended(iteration)
         return out
 
     def run_step(self, iteration: int, attempt: int = 0, send_params: bool = False) -> dict[str, Any]:

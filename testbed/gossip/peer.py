@@ -53,6 +53,7 @@ from testbed.gossip.segment import Segment
 from testbed.gossip.topology import mix, pairwise_partner
 from testbed.runtime import remote
 from testbed.runtime.transport import Mailbox, Wire
+from testbed.runtime.turns import Turns
 from testbed.runtime.worker import WorkerBase
 from testbed.training.optim import Optimizer, optimizer_for
 
@@ -69,9 +70,7 @@ class GossipPeer(WorkerBase):
         self.peers: list[Any] = []
         self.inflight: list[Any] = []
         self.lock = threading.Lock()
-        # the driver keeps a worker's next round queued behind the current one; the rounds run in
-        # order, the next starting the moment this one ends (no driver round trip between them)
-        self.turn, self.turns = 0, threading.Condition()
+        self.turns = Turns()  # the driver queues a worker's next round behind this one (testbed.runtime.turns)
         self.x = self.workload.get_params()
         self.version = 0
         self.optimizer = Optimizer(optimizer_for(config.workload))  # this replica's own state
@@ -129,16 +128,10 @@ class GossipPeer(WorkerBase):
     def sync_step(self, iteration: int) -> dict[str, Any]:
         """Local step, send the model to every neighbour, mix their step-`iteration` models; the
         same for every emulated peer it plays (testbed.gossip.segment)."""
-        with self.turns:
-            if not self.turns.wait_for(lambda: self.turn == iteration, timeout=self.config.cluster.timeout_s):
-                raise remote.RemoteTimeout(f"gossip worker {self.rank}: round {iteration} was not reached within "
-                                           f"{self.config.cluster.timeout_s:g}s (round {self.turn} still runs)")
-        try:
-            return self._round(iteration)
-        finally:
-            with self.turns:
-                self.turn = iteration + 1
-                self.turns.notify_all()
+        self.turns.wait(iteration, self.config.cluster.timeout_s, lambda: False, f"gossip worker {self.rank}")
+        out = self._round(iteration)
+        self.turns.ended(iteration)
+        return out
 
     def _round(self, iteration: int) -> dict[str, Any]:
         info, grad = self._local_step(iteration)
