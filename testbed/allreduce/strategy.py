@@ -129,7 +129,9 @@ class RingAllreduce(Strategy):
                 self.overlap_saved.append(sum(info["bucket_s"]) - info["comm_s"])
             if not applied:
                 recorder.fault("nan-skipped", "ring", step, t_done, t_done)
-            recorder.update(UpdateRecord(version=step + 1, t_applied=t_done, contributors=n if applied else 0,
+            # applied when the last replica applied it (the driver, with the next step already
+            # queued, may come to it later)
+            recorder.update(UpdateRecord(version=step + 1, t_applied=last_end, contributors=n if applied else 0,
                                          dropped=0 if applied else n,
                                          loss=float(np.mean([i["loss"] for i in infos]))))
             if "params" in infos[0]:  # asked for at issue (recorder.wants_eval)

@@ -141,11 +141,13 @@ def test_auto_dilation_searches_upwards_by_its_rule_and_the_last_trial_is_the_ru
     one the search's rule names for the trial before; the run goes at the last trial's factor, its
     summary carries the trials, and their folders move into its own. This run is no longer than a
     trial, so each trial is the whole run and the last one is the run itself (its folder, renamed;
-    not run again). Then the same search beside sixteen CPU hogs picks a larger factor. Both
+    not run again). Then the same search beside sixteen CPU hogs measures more excess at every
+    factor both tried (so its rule asks for more). Whether it ends at a larger factor is not
+    asserted: under the suite's own load the idle search once ended at 42 (1.0500x) and the busy
+    one at 31, each just inside the tolerance at a factor its steps happened to reach. Both
     searches run on one core (the run's processes and the hogs pinned to it), so the other tests
     of the suite, on both cores, weigh alike on the two, and the hogs leave the run a seventeenth
-    of its core: far more than the suite's own noise, and enough that the busy search still
-    ends above the idle one where the idle one needs an extra trial (a factor twice as large)."""
+    of its core: far more than the suite's own noise."""
     with _one_core(hogs=0):
         outcome = _auto(tmp_path, "idle")
     s = outcome.summary
@@ -172,9 +174,12 @@ def test_auto_dilation_searches_upwards_by_its_rule_and_the_last_trial_is_the_ru
     _follows_its_rule(busy["dilation_search"])
     assert busy["status"] == "completed" and busy["dilation"] == busy["dilation_search"][-1]["dilation"]
     assert busy["dilation_search_result"].startswith("faithful") == (busy["dilation_search"][-1]["faithful"] is True)
-    first = busy["dilation_search"][0]
-    assert first["emulation_fidelity"] > trials[0]["emulation_fidelity"], (first, trials[0])  # busier: more excess
-    assert busy["dilation"] > s["dilation"], (busy["dilation_search"], trials)
+    # busier: more excess at every factor both searches tried, so the search asks for more there
+    idle_at = {t["dilation"]: t["emulation_fidelity"] for t in trials}
+    common = [t for t in busy["dilation_search"] if t["dilation"] in idle_at]
+    assert common and common[0]["dilation"] == 1.0
+    for t in common:
+        assert t["emulation_fidelity"] > idle_at[t["dilation"]], (busy["dilation_search"], trials)
 
 
 def _processes_below(root: int) -> list[int]:
