@@ -93,6 +93,19 @@ def test_endpoint_link_is_dilated():
     assert link.bandwidth == pytest.approx(1e9 / 4) and link.latency == pytest.approx(200e-6)
 
 
+def test_lateness_carried_from_the_message_before_is_counted_once():
+    """Two messages handled one after the other, the first 1 s late: the second, arriving just
+    after it, adds only its own 10 ms, not the first one's second again."""
+    ep = Endpoint(NetworkConfig(bandwidth="8Gbit", latency="50us"), "w")
+    due1 = ep.nic.link.one_way_s(1000) + 100.0
+    assert ep.delivery(1000, 100.0, arrived=due1 + 1.0) == pytest.approx(due1)
+    assert ep.late_s == pytest.approx(1.0) and ep.late_messages == 1
+    ep.delivery(1000, 100.0, arrived=due1 + 1.01)
+    assert ep.late_s == pytest.approx(1.01) and ep.late_messages == 2
+    ep.delivery(1000, 200.0, arrived=200.5)  # later, fresh lateness: counted from its due time
+    assert ep.late_s == pytest.approx(1.01 + 0.5 - ep.nic.link.one_way_s(1000))
+
+
 def test_additive_straggler_delays_are_slept_dilated_and_slowdowns_stay_factors():
     model = StragglerModel("fixed:worker=0,delay=100ms;slowdown:worker=0,factor=2", seed=0, dilation=5.0)
     stretch = model.stretch(0, 0, clock=lambda: 0.0, sleep=lambda s: None)
