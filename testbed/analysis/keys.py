@@ -142,8 +142,9 @@ SUMMARY = {
                                 "(1: the measured alpha and beta explain the run)"),
     "prediction_missing": ("", "why a prediction is absent (a real network, a library collective, ...)"),
     "endpoint_late_s": ("s", "emulated network: the same lateness at the servers or the driver, summed"),
-    "emulation_late_s_per_update": ("s", "emulated network: all endpoints' lateness per model update "
-                                         "(an upper bound on the real cost added to a step)"),
+    "emulation_late_s_per_update": ("s", "emulated network: all endpoints' lateness per model update, "
+                                         "per iteration for an asynchronous strategy (an upper bound on "
+                                         "the real cost added to a step)"),
     "emulation_leak_frac": ("fraction", "emulated network: `emulation_late_s_per_update / "
                                         "predicted_comm_s`, the share of the predicted communication that "
                                         "real per-message cost leaked into; near 0 means the emulator hid it"),

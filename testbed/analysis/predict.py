@@ -102,8 +102,10 @@ def _predict(out: dict[str, Any], spec: Any, cfg: RunConfig, summary: dict[str, 
     else:  # a real model's compute is what it measured: the model explains communication
         compute, source = float(slowest_compute(steps).median()), "measured"
     if cfg.network.emulated:
-        # what the emulator could not hide: messages that arrived after their emulated delivery
-        late = (float(steps["late_s"].sum()) + float(extra.get("endpoint_late_s", 0.0))) / max(1, len(updates))
+        # what the emulator could not hide: messages that arrived after their emulated delivery,
+        # per update, or per iteration where the measured communication is the iterations' mean
+        per = len(updates) if spec.synchronous(cfg) else len(steps)
+        late = (float(steps["late_s"].sum()) + float(extra.get("endpoint_late_s", 0.0))) / max(1, per)
         out.update({"emulation_late_s_per_update": late,
                     "emulation_leak_frac": late / pred.comm_s if pred.comm_s > 0 else None})
         out["emulation_fidelity"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None

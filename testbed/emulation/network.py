@@ -32,6 +32,7 @@ served); ``simulate`` reserves them in departure order, as messages reach the wi
 from __future__ import annotations
 
 import fcntl
+import heapq
 import math
 import mmap
 import os
@@ -41,7 +42,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["LinkSpec", "Nic", "simulate", "sleep_until"]
+__all__ = ["Flows", "LinkSpec", "Nic", "simulate", "sleep_until"]
 
 
 def _check_bytes(nbytes: float) -> float:
@@ -202,28 +203,69 @@ def simulate(messages: Iterable[Message], link: LinkSpec) -> list[float]:
 
     Give every endpoint a fresh ``Nic``. Egress queues are served in ascending ready time;
     ingress queues in ascending departure time, the order in which the messages would
-    reach the receiver's wire (ties keep input order). The result is in input order.
+    reach the receiver's wire (ties: input order among equal ready times, else the order they
+    were ready in). The result is in input order.
     """
     batch = list(messages)
-    nics: dict[Hashable, Nic] = {}
-
-    def nic(endpoint: Hashable) -> Nic:
-        if endpoint not in nics:
-            nics[endpoint] = Nic(link, name=str(endpoint))
-        return nics[endpoint]
-
     for i, (sender, receiver, _, _) in enumerate(batch):
         if sender == receiver:
             raise ValueError(f"message {i} {batch[i]!r}: sender equals receiver; drop it")
-    departures = [0.0] * len(batch)
-    # sorted() is stable, so equal times are served in the order given.
-    for i in sorted(range(len(batch)), key=lambda j: batch[j][3]):
-        sender, _, nbytes, ready = batch[i]
-        departures[i], _ = nic(sender).reserve_egress(nbytes, ready)
-    # Reserving ingress by ready time instead would let a message that leaves late (its
-    # sender's egress was busy) hold a receiver slot ahead of ones already on the wire.
+    flows = Flows(link)
     deliveries = [0.0] * len(batch)
-    for i in sorted(range(len(batch)), key=lambda j: departures[j]):
-        _, receiver, nbytes, _ = batch[i]
-        deliveries[i] = nic(receiver).reserve_ingress(nbytes, departures[i])
+    # Flows reserves the ingress at departure, not at ready time: a message that leaves late
+    # (its sender's egress was busy) must not hold a receiver slot ahead of ones already on the wire.
+    for i, (sender, receiver, nbytes, ready) in enumerate(batch):
+        flows.send(sender, receiver, nbytes, ready, lambda t, i=i: deliveries.__setitem__(i, t))
+    flows.run()
     return deliveries
+
+
+class Flows:
+    """Messages whose sending depends on earlier deliveries (closed loops), on fresh ``Nic``s.
+
+    ``simulate`` takes every message up front; a parameter-server worker's next push, though,
+    leaves only once its replies are in and it has computed again. Here a message is sent with
+    a continuation: ``send(src, dst, n, ready, then)`` calls ``then(delivery)`` when it is
+    delivered, and ``then`` may send more. Events run in time order (ties in the order they
+    were scheduled): a message reserves its sender's egress at its ready time and the
+    receiver's ingress at its departure, the order in which it would reach the wire -- the same
+    arithmetic as ``simulate``, which is this with no continuations.
+    """
+
+    def __init__(self, link: LinkSpec) -> None:
+        self.link = link
+        self.nics: dict[Hashable, Nic] = {}
+        self._events: list[tuple[float, int, Callable[[float], None]]] = []
+        self._seq = 0
+
+    def nic(self, endpoint: Hashable) -> Nic:
+        if endpoint not in self.nics:
+            self.nics[endpoint] = Nic(self.link, name=str(endpoint))
+        return self.nics[endpoint]
+
+    def at(self, t: float, then: Callable[[float], None]) -> None:
+        """Call then(t) when the simulation reaches time t."""
+        heapq.heappush(self._events, (t, self._seq, then))
+        self._seq += 1
+
+    def send(self, sender: Hashable, receiver: Hashable, nbytes: float, ready: float,
+             then: Callable[[float], None]) -> None:
+        """Queue a message ready at `ready`; call then(delivery) once it is delivered."""
+        if sender == receiver:
+            raise ValueError(f"message {sender!r} -> {receiver!r}: sender equals receiver; drop it")
+
+        def leave(t: float) -> None:
+            self.at(self.nic(sender).reserve_egress(nbytes, t)[0], arrive)
+
+        def arrive(departure: float) -> None:
+            self.at(self.nic(receiver).reserve_ingress(nbytes, departure), then)
+
+        self.at(ready, leave)
+
+    def run(self) -> float:
+        """Run every event; return the time of the last."""
+        t = 0.0
+        while self._events:
+            t, _, then = heapq.heappop(self._events)
+            then(t)
+        return t

@@ -19,9 +19,10 @@ never wait for slow ones, at the price of staleness: a gradient computed from ve
 and applied at version v has staleness v - v_read (0 with one worker). `--steps` counts applied
 gradients. `--staleness-bound s` adds the SSP rule: a worker may not start iteration c until
 every worker has finished iteration c-s-1 (s = 0 is bulk synchronous); the time a fast worker
-is held back is its wait, and the worker pulls when it starts, not with its push. Cost per
-applied gradient: one worker's round trip as a lower bound -- pushes still contend at the
-servers' NICs.
+is held back is its wait, and the worker pulls when it starts, not with its push. Cost: the
+run's schedule replayed on the NIC model (`testbed.analysis.psflow`: every worker starts at
+once, so the first round queues at the servers' NICs); under SSP, or with a real model's
+compute, one worker's round trip, a lower bound.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from testbed.analysis import costmodel, psmodel
+from testbed.analysis import costmodel, psflow, psmodel
 from testbed.analysis.costmodel import NotModelled
 from testbed.config import RunConfig, fail
 from testbed.ps.config import PSConfig
@@ -173,9 +174,15 @@ class PSSpec(StrategySpec):
             return Prediction(comm, "2*a + (P+K)/(S*B) (lower bound, no contention)" + tail)
         args = (n, k, latency, bandwidth, s, m, colocated, push)
         if not self.sync:
-            return Prediction(psmodel.ps_async_partitioned_comm_s(*args),
-                              f"2*a + (min(P,K) + R*max(P,K))/(M*B), M={m}: one worker's push-pull "
-                              "(lower bound, no contention)" + tail)
+            lone = psmodel.ps_async_partitioned_comm_s(*args)
+            if cfg.workload.real_compute:  # the replay needs the compute time, measured only by the run
+                return Prediction(lone, f"2*a + (min(P,K) + R*max(P,K))/(M*B), M={m}: one worker's push-pull "
+                                  "(lower bound, no contention: a real model's compute is not known "
+                                  "before it runs)" + tail)
+            return Prediction(psflow.ps_async_run_comm_s(*args, cfg.workload.compute_ms / 1000.0, cfg.steps),
+                              f"the run's pulls, pushes and replies replayed on the NIC model, M={m} "
+                              f"partitions on S={s} servers (testbed.analysis.psflow); one worker alone: "
+                              f"{lone * 1e3:.4g} ms" + tail)
         upper = None if colocated else costmodel.ps_sync_comm_s(n, k, latency, bandwidth, shards=s, push=push)
         return Prediction(psmodel.ps_partitioned_comm_s(*args),
                           f"2*a + (pipeline fill + busiest NIC) in units of K/(M*B), M={m} partitions "
