@@ -88,12 +88,13 @@ class ClusterConfig:
                                                "cluster; beyond, on a local Ray, at most 8 processes wherever "
                                                "sharing is allowed: testbed.config.validate)")
     timeout_s: float = opt(120.0, flag="--timeout", check=real(0, None, low_ok=False, fix="use seconds > 0, e.g. 120"),
-                           help="seconds any remote wait may take (a hang becomes an error or a restart)")
+                           help="seconds any remote wait may take (a hang becomes an error or a restart); "
+                                "--dilation auto multiplies it by the factor it picks")
     real_workers: int | str | None = opt(None, metavar="K|auto", parse=parse_real_workers, check=check_real_workers,
                                          help="start K of the workers as processes; they play the others, emulated "
                                               "peers at the model's times (docs/emulation.md, \"Emulated peers\"); "
-                                              "auto: every worker up to 32, beyond, 16 where the strategy has "
-                                              "emulated peers (default: auto)")
+                                              "auto: all real up to 16 workers; beyond, 16 real where the strategy "
+                                              "has emulated peers, else all (default: auto)")
 
     def __post_init__(self) -> None:
         _parse_fields(self)  # --real-workers: a count, or AUTO

@@ -85,7 +85,7 @@ def validate(cfg: RunConfig, specs: Mapping[str, Any]) -> RunConfig:
     return cfg
 
 
-AUTO_ALL_REAL = 32  # --real-workers auto: every worker real up to this many workers
+AUTO_ALL_REAL = 16  # --real-workers auto: every worker real up to this many workers
 AUTO_REAL = 16  # beyond, this many real workers where the run can have emulated peers
 AUTO_ALONE = 16  # up to this many workers, the automatic choice is one process per worker
 AUTO_PROCESSES = 8  # beyond, the most worker processes it starts on one local Ray

@@ -13,6 +13,7 @@ search measures as it goes instead of trusting one run's advice, and a worked sc
               start-up and step times) -- but where the run can have emulated peers
               (testbed.emulation.peers), it first goes on with half the real workers at the
               same factor, while a trial still fits and there is more than one
+    timeout   each trial and the run wait --timeout times their factor (`dilated`)
     the run   at the faithful trial's factor, else at the largest factor measured; its summary
               adds `dilation_search` (one row per trial), `dilation_search_result` (one line) and
               `dilation_search_s`; `emulation_faithful` says, as for every emulated run, whether
@@ -67,9 +68,9 @@ def execute_auto(cfg: RunConfig, execute: Callable[..., Any], *, run_id: str | N
                         "dilation_search_s": time.monotonic() - t0}
             if last is not None:  # the last trial ran the whole run at the run's factor: it is the run
                 with interrupts.shielded():
-                    outcome = _promote(last, with_overrides(cfg, **{"network.dilation": factor}), run_id, annotate)
+                    outcome = _promote(last, dilated(cfg, factor), run_id, annotate)
             else:
-                outcome = execute(with_overrides(cfg, **{"network.dilation": factor}), run_id=run_id,
+                outcome = execute(dilated(cfg, factor), run_id=run_id,
                                   launched=launched, annotate=annotate)
         finally:
             with interrupts.shielded():
@@ -78,6 +79,14 @@ def execute_auto(cfg: RunConfig, execute: Callable[..., Any], *, run_id: str | N
     if outcome.folder is not None and search_dir.is_dir():
         shutil.move(str(search_dir), str(outcome.folder / "dilation-search"))
     return outcome
+
+
+def dilated(cfg: RunConfig, factor: float, **more: Any) -> RunConfig:
+    """cfg at --dilation `factor`, its --timeout stretched as much: every wait of a run dilated D
+    times lasts D times longer (a 60 s iteration of the emulated cluster takes 7 minutes at
+    D = 7), so the factor the search picks must not turn the run's own waits into hangs."""
+    return with_overrides(cfg, **{"network.dilation": factor, "cluster.timeout_s": cfg.cluster.timeout_s * factor},
+                          **more)
 
 
 def _promote(trial: Any, cfg: RunConfig, run_id: str, annotate: dict[str, Any]) -> Any:
@@ -126,10 +135,10 @@ def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
     while True:
         start = time.monotonic()
         if whole:  # the run itself, quiet: if faithful, it is the run
-            trial = with_overrides(cfg, out=str(search_dir), quiet=True, **{"network.dilation": factor})
+            trial = dilated(cfg, factor, out=str(search_dir), quiet=True)
         else:
-            trial = with_overrides(cfg, steps=trial_steps, out=str(search_dir), quiet=True, timeline=False,
-                                   **{"network.dilation": factor, "eval.every": 0, "faults.fail": Faults()})
+            trial = dilated(cfg, factor, steps=trial_steps, out=str(search_dir), quiet=True, timeline=False,
+                            **{"eval.every": 0, "faults.fail": Faults()})
         outcome = execute(trial)
         if outcome.exit_code == 130:
             return cfg, factor, trials, "interrupted", outcome

@@ -46,3 +46,18 @@ def test_it_gives_up_with_one_real_worker_or_where_there_are_no_emulated_peers(t
     _search(config(strategy="ps-async"), tmp_path, time.monotonic(), execute)
     assert seen == [(1.0, 64)]
     assert fewer_real_workers(config(**{"cluster.real_workers": 64, "ring.algorithm": "halving-doubling"})) is None
+
+
+def test_each_trial_waits_its_timeout_times_its_factor(tmp_path: Path):
+    """A trial at D waits --timeout x D: every wait of the dilated run is D times longer."""
+    seen = []
+
+    def execute(cfg):
+        seen.append((cfg.network.dilation, cfg.cluster.timeout_s))
+        fid = 1.0 if cfg.network.dilation > 4 else 3.0
+        return SimpleNamespace(exit_code=0, folder=None, error_line=None, summary={
+            "status": "completed", "emulation_fidelity": fid, "emulation_leak_frac": 0.0, "step_time_mean_s": 0.1})
+    cfg = config(**{"cluster.timeout_s": 50.0, "cluster.real_workers": 64})
+    _, factor, _, result, _ = _search(cfg, tmp_path, time.monotonic(), execute)
+    assert result.startswith("faithful") and factor > 4 and len(seen) >= 2
+    assert all(t == 50.0 * d for d, t in seen)

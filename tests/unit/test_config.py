@@ -269,12 +269,12 @@ def test_rule_accepts_good_value(base, overrides):
     passes(with_overrides(base, **overrides))
 
 
-def test_real_workers_auto_keeps_every_worker_real_up_to_32_and_plays_peers_beyond_where_it_can(base):
+def test_real_workers_auto_keeps_every_worker_real_up_to_16_and_plays_peers_beyond_where_it_can(base):
     def real(**changes):
         return validate(with_overrides(base, **{**EMULATED_RING, **changes}), SPECS).cluster.real_workers
 
-    assert real(workers=32) == 32
-    assert real(workers=33) == real(workers=1024) == 16
+    assert real(workers=16) == 16
+    assert real(workers=17) == real(workers=32) == real(workers=1024) == 16
     assert real(workers=64, **{"network.bandwidth": None}) == 64  # no emulated network: all real
     assert real(workers=64, strategy="ps-sync") == real(workers=64, strategy="mapreduce") == 16
     assert real(workers=64, strategy="ps-async") == 64  # no emulated peers there: all real
