@@ -235,7 +235,7 @@ class Flows:
     def __init__(self, link: LinkSpec) -> None:
         self.link = link
         self.nics: dict[Hashable, Nic] = {}
-        self._events: list[tuple[float, int, Callable[[float], None]]] = []
+        self._events: list[tuple[float, float, int, Callable[[float], None]]] = []
         self._seq = 0
 
     def nic(self, endpoint: Hashable) -> Nic:
@@ -243,19 +243,22 @@ class Flows:
             self.nics[endpoint] = Nic(self.link, name=str(endpoint))
         return self.nics[endpoint]
 
-    def at(self, t: float, then: Callable[[float], None]) -> None:
-        """Call then(t) when the simulation reaches time t."""
-        heapq.heappush(self._events, (t, self._seq, then))
+    def at(self, t: float, then: Callable[[float], None], rank: float = 0.0) -> None:
+        """Call then(t) when the simulation reaches time t; among events at the same time, lower
+        `rank` first, then the order they were scheduled in."""
+        heapq.heappush(self._events, (t, rank, self._seq, then))
         self._seq += 1
 
     def send(self, sender: Hashable, receiver: Hashable, nbytes: float, ready: float,
-             then: Callable[[float], None]) -> None:
-        """Queue a message ready at `ready`; call then(delivery) once it is delivered."""
+             then: Callable[[float], None], rank: float = 0.0) -> None:
+        """Queue a message ready at `ready`; call then(delivery) once it is delivered. `rank` orders
+        it at the receiver among messages that leave at the same instant (by default, the order
+        they were ready in)."""
         if sender == receiver:
             raise ValueError(f"message {sender!r} -> {receiver!r}: sender equals receiver; drop it")
 
         def leave(t: float) -> None:
-            self.at(self.nic(sender).reserve_egress(nbytes, t)[0], arrive)
+            self.at(self.nic(sender).reserve_egress(nbytes, t)[0], arrive, rank)
 
         def arrive(departure: float) -> None:
             self.at(self.nic(receiver).reserve_ingress(nbytes, departure), then)
@@ -266,6 +269,6 @@ class Flows:
         """Run every event; return the time of the last."""
         t = 0.0
         while self._events:
-            t, _, then = heapq.heappop(self._events)
+            t, _, _, then = heapq.heappop(self._events)
             then(t)
         return t

@@ -20,8 +20,8 @@ and applied at version v has staleness v - v_read (0 with one worker). `--steps`
 gradients. `--staleness-bound s` adds the SSP rule: a worker may not start iteration c until
 every worker has finished iteration c-s-1 (s = 0 is bulk synchronous); the time a fast worker
 is held back is its wait, and the worker pulls when it starts, not with its push. Cost: the
-run's schedule replayed on the NIC model (`testbed.analysis.psflow`: every worker starts at
-once, so the first round queues at the servers' NICs); under SSP, or with a real model's
+run's schedule replayed on the NIC model (`testbed.ps.flow`: every worker starts at
+once, so the first round queues at the servers' NICs), with SSP too; with a real model's
 compute, one worker's round trip, a lower bound.
 """
 
@@ -30,9 +30,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from testbed.analysis import costmodel, psflow, psmodel
+from testbed.analysis import costmodel, psmodel
 from testbed.analysis.costmodel import NotModelled
 from testbed.config import RunConfig, fail
+from testbed.ps import flow
 from testbed.ps.config import PSConfig
 from testbed.ps.partition import partition_count
 from testbed.strategies.contract import (
@@ -169,20 +170,22 @@ class PSSpec(StrategySpec):
         colocated = self.colocated_servers(cfg)
         push = cfg.compression.wire_bytes(k)
         tail = ("" if push == k else " (P: compressed push bytes)") + (" colocated" if colocated else "")
-        if not self.sync and cfg.ps.staleness_bound is not None:  # pull at the start (worker.py)
-            comm = costmodel.ps_async_comm_s(n, k, latency, bandwidth, shards=s, push=push)
-            return Prediction(comm, "2*a + (P+K)/(S*B) (lower bound, no contention)" + tail)
         args = (n, k, latency, bandwidth, s, m, colocated, push)
         if not self.sync:
-            lone = psmodel.ps_async_partitioned_comm_s(*args)
+            bound = cfg.ps.staleness_bound
+            if bound is not None:  # pull at the start (worker.py)
+                lone = costmodel.ps_async_comm_s(n, k, latency, bandwidth, shards=s, push=push)
+                said = "2*a + (P+K)/(S*B)"
+            else:
+                lone = psmodel.ps_async_partitioned_comm_s(*args)
+                said = f"2*a + (min(P,K) + R*max(P,K))/(M*B), M={m}"
             if cfg.workload.real_compute:  # the replay needs the compute time, measured only by the run
-                return Prediction(lone, f"2*a + (min(P,K) + R*max(P,K))/(M*B), M={m}: one worker's push-pull "
-                                  "(lower bound, no contention: a real model's compute is not known "
-                                  "before it runs)" + tail)
-            return Prediction(psflow.ps_async_run_comm_s(*args, cfg.workload.compute_ms / 1000.0, cfg.steps),
-                              f"the run's pulls, pushes and replies replayed on the NIC model, M={m} "
-                              f"partitions on S={s} servers (testbed.analysis.psflow); one worker alone: "
-                              f"{lone * 1e3:.4g} ms" + tail)
+                return Prediction(lone, f"{said}: one worker's round trip (lower bound, no contention: a real "
+                                  "model's compute is not known before it runs)" + tail)
+            return Prediction(flow.ps_async_run_comm_s(*args, cfg.workload.compute_ms / 1000.0, cfg.steps, bound),
+                              "the run's pushes, replies" + (" and pulls (SSP)" if bound is not None else "")
+                              + f" replayed on the NIC model, M={m} partitions on S={s} servers "
+                              f"(testbed.ps.flow); one worker alone: {lone * 1e3:.4g} ms" + tail)
         upper = None if colocated else costmodel.ps_sync_comm_s(n, k, latency, bandwidth, shards=s, push=push)
         return Prediction(psmodel.ps_partitioned_comm_s(*args),
                           f"2*a + (pipeline fill + busiest NIC) in units of K/(M*B), M={m} partitions "

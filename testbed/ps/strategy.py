@@ -76,11 +76,13 @@ class ParameterServer(Strategy):
         remote.get([sh.set_params.remote({p: params[slice(*self.parts.bounds[p])] for p in self.parts.on_server(i)})
                     for i, sh in enumerate(self.shards)], remote.startup_timeout(t), "PS parameters")
         self.shard_live = remote.Liveness(self.shards, t, "PS server")
-        self._wire(range(cfg.real_workers))
+        self._wire(range(cfg.real_workers), ray.put(params))
 
-    def _wire(self, ranks: Any) -> None:
+    def _wire(self, ranks: Any, initial: Any = None) -> None:
+        """Connect workers to the servers; at the start, `initial` hands them the servers' version 0
+        (a restarted worker pulls what is current instead)."""
         t = self.config.cluster.timeout_s
-        remote.get([self.workers[r].connect.remote(self.shards, self.parts, self.colocated) for r in ranks],
+        remote.get([self.workers[r].connect.remote(self.shards, self.parts, self.colocated, initial) for r in ranks],
                    t, "PS wiring")
 
     def run(self, recorder: Recorder) -> None:
@@ -98,9 +100,18 @@ class ParameterServer(Strategy):
         self._stall_version, self._stalls = 1, 0  # recoveries in a row without progress (_recover)
         recorder.evaluate(0, self._snapshot(0))
         while True:
-            if self._next_version - 1 + len(self._pending_updates) < cfg.steps:
+            recorded = self._next_version - 1 + len(self._pending_updates)
+            if recorded < cfg.steps:
                 busy = {v[0] for v in self.inflight.values()} | set(self.reviving.values())
+                # asynchronous: every worker's first iteration, then only while the iterations in
+                # flight may still be among the --steps updates (one begun beyond them would only be
+                # refused, and whether it begins would hang on which iterations end first)
+                room = cfg.steps - recorded - len(self.inflight)
                 for w in self.sched.startable(busy):
+                    if not self.sync and self.sched.next_iter[w] > 0:
+                        if room <= 0:
+                            continue
+                        room -= 1
                     ref = self.workers[w].iteration.remote(self.sched.next_iter[w], self.sched.min_version[w],
                                                            self.epoch, pull_after=self.pull_after)
                     self.inflight[ref] = (w, self.epoch, time.time())

@@ -6,9 +6,12 @@
       <--- p0 of the next version  <--- p1 ...             as each partition is averaged
       (the pulls overlap the later pushes on full-duplex links; the next iteration computes on them)
 
-A worker pulls at the start of an iteration instead when it holds no parameters yet (its first
-iteration, after a restart or a rollback) and under a staleness bound, whose rule is about what
-the pull may see once the driver lets the iteration start (testbed.ps.ssp). Parameters and
+The first iteration computes on the servers' version 0, which the driver hands every worker when
+it wires them (setup, not a step: a cluster ships the initial model once, and all N workers
+pulling it at once would make the first step an incast whose order is this machine's timing).
+A worker pulls at the start of an iteration when it holds no parameters (after a restart or a
+rollback) and under a staleness bound, whose rule is about what the pull may see once the
+driver lets the iteration start (testbed.ps.ssp), from its second iteration on. Parameters and
 gradients go directly between workers and servers, every partition in parallel; the driver only
 schedules iterations. A worker with emulated peers (`--real-workers`) plays their NICs beside its
 own and pushes for them too (testbed.emulation.peers).
@@ -59,11 +62,15 @@ class PSWorker(WorkerBase):
         """Bytes this worker sent and received through its NIC (not what its colocated server did)."""
         return {"bytes_in": self.endpoint.bytes_in, "bytes_out": self.endpoint.bytes_out}
 
-    def connect(self, servers: list[Any], parts: Partitioning, colocated: bool = False) -> None:
-        """Wire to the servers (server `rank` is on this machine when they are colocated)."""
+    def connect(self, servers: list[Any], parts: Partitioning, colocated: bool = False,
+                initial: np.ndarray | None = None) -> None:
+        """Wire to the servers (server `rank` is on this machine when they are colocated); `initial`:
+        their version 0, which the first iteration computes on without pulling it."""
         self.servers, self.parts = servers, parts
         self.local = self.rank if colocated and self.rank < parts.servers else None
-        self.held: tuple[np.ndarray, list[int], int] | None = None  # pulled params, versions, epoch
+        # pulled params, versions, epoch
+        self.held: tuple[np.ndarray, list[int], int] | None = (
+            None if initial is None else (np.array(initial, copy=True), [0] * parts.count, 0))
         self.part_bytes = [self._bytes(p) for p in range(parts.count)]  # logical, on the wire
 
     @property

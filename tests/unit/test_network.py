@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from testbed.analysis.costmodel import ps_sync_comm_s, ring_comm_s
-from testbed.emulation.network import LinkSpec, Nic, simulate, sleep_until
+from testbed.emulation.network import Flows, LinkSpec, Nic, simulate, sleep_until
 
 A = 1e-3  # latency, s
 B = 1e6  # bandwidth, bytes/s
@@ -267,3 +267,16 @@ def test_a_shared_nic_queues_the_messages_of_two_processes_as_one(tmp_path):
     shared = Nic(LINK, shared=path)
     assert (shared.bytes_out, shared.messages_out) == (3 * N_BYTES, 3)
     assert shared.reserve_ingress(N_BYTES, 0.0) == one.reserve_ingress(N_BYTES, 0.0)
+
+
+def test_flows_order_messages_leaving_together_by_rank():
+    """Two messages that leave at the same instant from two senders: the receiver takes the
+    lower rank first, whatever the order they were sent in."""
+    for ranks, first in [((0.0, 0.0), 0), ((0.7, 0.2), 1)]:
+        flows = Flows(LINK)
+        got: dict[int, float] = {}
+        for i, rank in enumerate(ranks):
+            flows.send(f"w{i}", "ps", N_BYTES, 1.0, lambda t, i=i: got.__setitem__(i, t), rank)
+        flows.run()
+        assert got[first] == pytest.approx(1.0 + A + N_BYTES / B)
+        assert got[1 - first] == pytest.approx(got[first] + N_BYTES / B)

@@ -1,38 +1,41 @@
-"""ps-async's cost model (testbed.analysis.psflow): the run's schedule replayed on the NIC model."""
+"""ps-async's cost model (testbed.ps.flow): the run's schedule replayed on the NIC model."""
 
 import pytest
 
-from testbed.analysis.psflow import ps_async_run_comm_s
 from testbed.analysis.psmodel import ps_async_partitioned_comm_s
 from testbed.emulation.network import LinkSpec, Nic
+from testbed.ps.flow import ps_async_run_comm_s
 
 A, B = 50e-6, 1.25e9  # 10 Gbit/s
 K = 100 * 2**20
 
 
-def test_one_worker_pays_its_round_trip_and_its_first_pull_once():
-    """Nobody to meet: every iteration is the lone round trip; the first adds the pull of the model
-    (a + K/B: M partitions one after another on the worker's ingress)."""
+def test_one_worker_pays_its_round_trip():
+    """Nobody to meet, and version 0 in hand: every iteration is the lone round trip."""
     for servers, parts, steps in [(1, 1, 4), (8, 25, 4), (8, 25, 10), (3, 7, 1)]:
         lone = ps_async_partitioned_comm_s(1, K, A, B, servers, parts)
         got = ps_async_run_comm_s(1, K, A, B, servers, parts, False, K, 0.1, steps)
-        assert got == pytest.approx(lone + (A + K / B) / steps, rel=1e-9)
+        assert got == pytest.approx(lone, rel=1e-9)
+
+
+def test_one_worker_under_ssp_pulls_from_its_second_iteration():
+    """One server, one partition: iteration 0 pushes (a + K/B); the others pull, then push."""
+    got = ps_async_run_comm_s(1, K, A, B, 1, 1, False, K, 0.1, 3, 0)
+    assert got == pytest.approx((1 + 2 + 2) / 3 * (A + K / B), rel=1e-9)
 
 
 @pytest.mark.parametrize("n", [2, 5, 16])
 def test_a_one_update_run_is_the_first_round_reserved_by_hand(n):
     """One server, one partition, one update: worker 0's iteration ends first and counts, so no
     one starts a second; the N first iterations, their NIC reservations written out in the order
-    they happen (all pulls leave at 0; pushes and replies in worker order)."""
+    they happen (every push leaves once compute ends; replies in the order the pushes landed)."""
     link, compute = LinkSpec(bandwidth=B, latency=A), 0.02
     server, workers = Nic(link), [Nic(link) for _ in range(n)]
-    pulled = [w.reserve_ingress(K, server.reserve_egress(K, 0.0)[0]) for w in workers]
-    left = [w.reserve_egress(K, t + compute)[0] for w, t in zip(workers, pulled, strict=True)]
+    left = [w.reserve_egress(K, compute)[0] for w in workers]
     landed = [server.reserve_ingress(K, d) for d in left]
     back = [w.reserve_ingress(K, server.reserve_egress(K, t)[0]) for w, t in zip(workers, landed, strict=True)]
-    comm = [p + b - (p + compute) for p, b in zip(pulled, back, strict=True)]
     got = ps_async_run_comm_s(n, K, A, B, 1, 1, False, K, compute, 1)
-    assert got == pytest.approx(sum(comm) / n, rel=1e-9)
+    assert got == pytest.approx(sum(b - compute for b in back) / n, rel=1e-9)
 
 
 def test_servers_set_the_pace_when_their_nics_are_the_limit():
@@ -64,8 +67,9 @@ def test_colocated_servers_skip_their_own_partitions():
     assert ps_async_run_comm_s(4, K, A, B, 4, 8, True, K, 0.1, 8) > lone
 
 
-@pytest.mark.parametrize("args", [(0, 1, 1, 4), (2, 0, 1, 4), (2, 2, 1, 4), (2, 1, 1, 0)])
+@pytest.mark.parametrize("args", [(0, 1, 1, 4, None), (2, 0, 1, 4, None), (2, 2, 1, 4, None),
+                                  (2, 1, 1, 0, None), (2, 1, 1, 4, -1)])
 def test_bad_arguments_are_refused(args):
-    n, servers, parts, steps = args
+    n, servers, parts, steps, bound = args
     with pytest.raises(ValueError, match="need"):
-        ps_async_run_comm_s(n, K, A, B, servers, parts, False, K, 0.1, steps)
+        ps_async_run_comm_s(n, K, A, B, servers, parts, False, K, 0.1, steps, bound)
