@@ -99,8 +99,9 @@ class Endpoint:
         return own, due
 
     def finish(self, due: float) -> None:
-        """A schedule computed at the model's times ends at `due`: sleep until then. Being past it
-        already is the lateness of the whole schedule: what this machine added to the model."""
+        """A schedule computed at the model's times ends at `due` (or, the workers' common start,
+        begins then): sleep until then. Being past it already is the lateness of the whole
+        schedule: what this machine added to the model."""
         now = time.time()
         if now > due:
             self.late_s += now - due

@@ -34,6 +34,10 @@ from testbed.strategies.contract import Strategy
 from testbed.training.optim import optimizer_for
 from testbed.workloads.base import unflatten
 
+# the workers' common start of their first iterations: this long after the driver reaches it, and
+# as much again per real worker (its calls to reach them all)
+START_S, START_PER_WORKER_S = 0.05, 0.005
+
 
 class ParameterServer(Strategy):
     def setup(self) -> None:
@@ -99,6 +103,10 @@ class ParameterServer(Strategy):
         self._next_version = 1
         self._stall_version, self._stalls = 1, 0  # recoveries in a row without progress (_recover)
         recorder.evaluate(0, self._snapshot(0))
+        # every worker begins its first iteration at one instant, as the cluster (and the cost
+        # model) does, not as this driver's calls happen to reach them (the spread, 0.2 s for 64
+        # workers, is cluster time too); a call that comes later counts its delay as lateness
+        start_at: float | None = time.time() + START_S + START_PER_WORKER_S * cfg.real_workers
         while True:
             recorded = self._next_version - 1 + len(self._pending_updates)
             if recorded < cfg.steps:
@@ -113,8 +121,9 @@ class ParameterServer(Strategy):
                             continue
                         room -= 1
                     ref = self.workers[w].iteration.remote(self.sched.next_iter[w], self.sched.min_version[w],
-                                                           self.epoch, pull_after=self.pull_after)
+                                                           self.epoch, pull_after=self.pull_after, start_at=start_at)
                     self.inflight[ref] = (w, self.epoch, time.time())
+                start_at = None
             if not self.inflight and not self.reviving:
                 break
             ready, _ = ray.wait([*self.inflight, *self.reviving], num_returns=1,

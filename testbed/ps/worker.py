@@ -147,14 +147,17 @@ class PSWorker(WorkerBase):
         return acks, sent
 
     def iteration(self, iteration: int, min_version: int, epoch: int = 0,
-                  pull_after: bool = True) -> dict[str, Any]:
+                  pull_after: bool = True, start_at: float | None = None) -> dict[str, Any]:
         """[Pull,] compute, push every partition [and pull it back]; timings and the servers' acks.
 
         Returns {"reset": True} without computing when a server rolled back meanwhile. Parameters
         held from the last reply are used only if they are at least `min_version` (a gradient
         computed on older ones would count twice towards a version of synchronous training).
+        `start_at`: begin then (the workers' common start); past it already, the delay is lateness.
         """
         timeout = self.barrier_s
+        if start_at is not None:
+            self.endpoint.finish(start_at)
         t0 = time.time()
         server_wait = 0.0
         if self.held is None or self.held[2] != epoch or min(self.held[1]) < min_version:

@@ -276,7 +276,7 @@ def test_flows_order_messages_leaving_together_by_rank():
         flows = Flows(LINK)
         got: dict[int, float] = {}
         for i, rank in enumerate(ranks):
-            flows.send(f"w{i}", "ps", N_BYTES, 1.0, lambda t, i=i: got.__setitem__(i, t), rank)
+            flows.send(f"w{i}", "ps", N_BYTES, 1.0, lambda t, i=i, got=got: got.__setitem__(i, t), rank)
         flows.run()
         assert got[first] == pytest.approx(1.0 + A + N_BYTES / B)
         assert got[1 - first] == pytest.approx(got[first] + N_BYTES / B)
