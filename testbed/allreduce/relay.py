@@ -269,10 +269,15 @@ def relay_allreduce(buf: np.ndarray, position: int, n: int, relay: Relay, upstre
         lo, hi = bounds[c_send]
         departure = endpoint.send(int((hi - lo) * itemsize * factor), at=t)
         message = relay.sent(s, buf[lo:hi], departure)
-        if message is not None:
+        if message is not None and not relay.m:  # this position's own step s: the next one waits for it
             out.add(message)
         sent += (hi - lo) * itemsize
         dep, payload, arrived = inbox.take(s)
+        # the segment's message s + m goes once this worker has read its message s: links have
+        # depth one, and were every worker of the ring to send s + 1 (m = 1) before it read s, each
+        # would wait for the next to read s -- which it reads only after sending s + 1 itself
+        if message is not None and relay.m:
+            out.add(message)
         lo, hi = bounds[c_recv]
         t = endpoint.delivery(int((hi - lo) * itemsize * factor), dep, arrived=arrived, timed=False)
         got += (hi - lo) * itemsize
