@@ -80,7 +80,10 @@ class ParameterServer(Strategy):
         remote.get([sh.set_params.remote({p: params[slice(*self.parts.bounds[p])] for p in self.parts.on_server(i)})
                     for i, sh in enumerate(self.shards)], remote.startup_timeout(t), "PS parameters")
         self.shard_live = remote.Liveness(self.shards, t, "PS server")
-        self._wire(range(cfg.real_workers), ray.put(params))
+        # ps-async: the workers start on version 0, handed to them here, not pulled by all N in the
+        # first iteration (an incast whose order would be this machine's timing, and ps-async's
+        # measure, the iterations' mean, counts it); ps-sync's first step still pulls
+        self._wire(range(cfg.real_workers), None if self.sync else ray.put(params))
 
     def _wire(self, ranks: Any, initial: Any = None) -> None:
         """Connect workers to the servers; at the start, `initial` hands them the servers' version 0

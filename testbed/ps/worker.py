@@ -6,12 +6,13 @@
       <--- p0 of the next version  <--- p1 ...             as each partition is averaged
       (the pulls overlap the later pushes on full-duplex links; the next iteration computes on them)
 
-The first iteration computes on the servers' version 0, which the driver hands every worker when
-it wires them (setup, not a step: a cluster ships the initial model once, and all N workers
-pulling it at once would make the first step an incast whose order is this machine's timing).
-A worker pulls at the start of an iteration when it holds no parameters (after a restart or a
-rollback) and under a staleness bound, whose rule is about what the pull may see once the
-driver lets the iteration start (testbed.ps.ssp), from its second iteration on. Parameters and
+Under ps-async the first iteration computes on the servers' version 0, which the driver hands
+every worker when it wires them (setup, not a step: a cluster ships the initial model once, and
+all N workers pulling it at once would make the first step an incast whose order is this
+machine's timing). A worker pulls at the start of an iteration when it holds no parameters (its
+first under ps-sync, after a restart or a rollback) and under a staleness bound, whose rule is
+about what the pull may see once the driver lets the iteration start (testbed.ps.ssp), from its
+second iteration on. Parameters and
 gradients go directly between workers and servers, every partition in parallel; the driver only
 schedules iterations. A worker with emulated peers (`--real-workers`) plays their NICs beside its
 own and pushes for them too (testbed.emulation.peers).
