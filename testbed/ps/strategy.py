@@ -255,7 +255,9 @@ class ParameterServer(Strategy):
                     version_applied=None if stalest is None else read + stalest,
                     wait_s=info["server_wait_s"] + held)
         update = acks[0].get("update")
-        if update is None:
+        if update is None or update["version"] < self._next_version:
+            # (the shard's log, read after a worker died, may have recorded it already: kept in
+            # the pending ones it would count twice and be emitted never)
             return 0
         # acks reach the driver in completion order; updates are recorded in version order
         self._pending_updates[update["version"]] = update
