@@ -81,8 +81,8 @@ def _predict(out: dict[str, Any], spec: Any, cfg: RunConfig, summary: dict[str, 
     if not len(steps) or summary.get("step_time_mean_s") is None:
         out["prediction_missing"] = "no model update was recorded"
         return out
-    out["comm_s_per_step"] = (critical_comm_s(steps, updates) if spec.synchronous(cfg)
-                              else float(steps["comm_s"].mean()))
+    sync = spec.synchronous(cfg)
+    out["comm_s_per_step"] = critical_comm_s(steps, updates) if sync else float(steps["comm_s"].mean())
     if "grad_bytes_logical" not in extra:
         out["prediction_missing"] = "the strategy did not report its gradient size"
         return out
@@ -103,8 +103,8 @@ def _predict(out: dict[str, Any], spec: Any, cfg: RunConfig, summary: dict[str, 
         compute, source = float(slowest_compute(steps).median()), "measured"
     if cfg.network.emulated:
         # what the emulator could not hide: messages that arrived after their emulated delivery,
-        # per update, or per iteration where the measured communication is the iterations' mean
-        per = len(updates) if spec.synchronous(cfg) else len(steps)
+        # in comm_s_per_step's unit (an update; an iteration for an asynchronous strategy)
+        per = len(updates) if sync else len(steps)
         late = (float(steps["late_s"].sum()) + float(extra.get("endpoint_late_s", 0.0))) / max(1, per)
         out.update({"emulation_late_s_per_update": late,
                     "emulation_leak_frac": late / pred.comm_s if pred.comm_s > 0 else None})

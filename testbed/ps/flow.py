@@ -52,7 +52,7 @@ from collections.abc import Callable
 from testbed.emulation.network import Flows, LinkSpec
 from testbed.ps.ssp import ssp_may_start
 
-MAX_MESSAGES = 200_000  # replayed (about 1.5 s) before the rest are taken at the mean of the last N
+MAX_MESSAGES = 200_000  # replayed before the rest are taken at the mean of the last N
 MAX_PARTS = 32  # partitions replayed per worker: more are merged, S at a time (below)
 
 Then = Callable[[float], None]

@@ -107,8 +107,8 @@ class ParameterServer(Strategy):
         self._stall_version, self._stalls = 1, 0  # recoveries in a row without progress (_recover)
         recorder.evaluate(0, self._snapshot(0))
         # every worker begins its first iteration at one instant, as the cluster (and the cost
-        # model) does, not as this driver's calls happen to reach them (the spread, 0.2 s for 64
-        # workers, is cluster time too); a call that comes later counts its delay as lateness
+        # model) does, not as this driver's calls happen to reach them (their spread would be
+        # cluster time too); a call that comes later counts its delay as lateness
         start_at: float | None = time.time() + START_S + START_PER_WORKER_S * cfg.real_workers
         while True:
             recorded = self._next_version - 1 + len(self._pending_updates)

@@ -83,8 +83,8 @@ def execute_auto(cfg: RunConfig, execute: Callable[..., Any], *, run_id: str | N
 
 def dilated(cfg: RunConfig, factor: float, **more: Any) -> RunConfig:
     """cfg at --dilation `factor`, its --timeout stretched as much: every wait of a run dilated D
-    times lasts D times longer (a 60 s iteration of the emulated cluster takes 7 minutes at
-    D = 7), so the factor the search picks must not turn the run's own waits into hangs."""
+    times lasts D times longer, so the factor the search picks must not turn the run's own
+    waits into hangs."""
     return with_overrides(cfg, **{"network.dilation": factor, "cluster.timeout_s": cfg.cluster.timeout_s * factor},
                           **more)
 
