@@ -1,8 +1,15 @@
-"""The same-node half of a ring link (`channels.py`): a shared-memory buffer both processes map,
-and FIFOs that carry one byte per message ("wake") and per release ("ack"), so that a waiting
-peer sleeps in the kernel instead of spinning on a core. No Ray here: the link in `channels.py`
-puts these together, and its docstring draws the protocol.
+"""The same-node half of a ring link (`channels.py`): a shared-memory ring buffer both processes
+map, and FIFOs that carry one byte per message ("wake") and per release ("ack"), so that a
+waiting peer sleeps in the kernel instead of spinning on a core. No Ray here: `Sender` and
+`Receiver` are the link's two ends, and `channels.py`'s docstring draws the protocol.
+
+Why a ring buffer and not one message at a time: with more peers than cores, a depth-one link
+makes every peer stop after each hop until its right neighbour has read the message, so every
+hop of every peer costs a sleep and a wake-up: a context switch and a cold cache, far more
+than the hop's own work. With room for many messages a peer runs on through every hop whose
+input is already there (`python -m testbed.bench allreduce` measures the CPU of a ring).
 """
+
 
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ import struct
 import tempfile
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -57,20 +65,8 @@ class Signal:
 class Segment:
     """A shared-memory buffer for one link whose two ends share a node: a file in /dev/shm
     (tmpfs; the temporary folder where there is none), mapped by both processes. The writer
-    creates it, the reader `attach`es it and removes the name, as with a `Signal`.
-
-    One message at a time (the link's depth one; the signals order every access):
-
-        offset 0    u32 header length h, u32 data length d
-        offset 8    the header: pickled (tag, departure, dtype, shape, moved-to)
-        offset 8+h  d bytes of the chunk
-
-    A message that does not fit goes into a new, larger segment; the old one carries only a
-    header whose moved-to names it, so the reader maps the new one, reads the message there
-    and drops the old: one wake per message still.
-    """
-
-    FRAME = struct.Struct("<II")
+    creates it, the reader `attach`es it and removes the name, as with a `Signal`. The message
+    layout is `Sender`'s."""
 
     def __init__(self, capacity: int) -> None:
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
@@ -95,35 +91,6 @@ class Segment:
         seg.path, seg.capacity = path, capacity
         return seg
 
-    def write(self, tag: Any, departure: float | None, chunk: np.ndarray, moved: tuple[str, int] | None = None) -> bool:
-        """Put one message (or, with `moved`, only the pointer to the next segment); False when
-        the chunk does not fit."""
-        data = np.ascontiguousarray(chunk)
-        head = pickle.dumps((tag, departure, data.dtype.str, data.shape, moved), protocol=pickle.HIGHEST_PROTOCOL)
-        d = 0 if moved else data.nbytes
-        if self.FRAME.size + len(head) + d > self.capacity:
-            return False
-        self.FRAME.pack_into(self.buf, 0, len(head), d)
-        at = self.FRAME.size + len(head)
-        self.buf[self.FRAME.size:at] = head
-        if d:
-            np.frombuffer(self.buf, np.uint8, d, at)[:] = data.reshape(-1).view(np.uint8)
-        return True
-
-    def read(self) -> tuple[Any, float | None, np.ndarray, bool, tuple[str, int] | None]:
-        """(tag, departure, chunk, pinned, moved-to) of the message there: a chunk up to
-        SMALL_BYTES is copied out; a larger one is a view of the buffer (pinned: it holds the
-        buffer until dropped)."""
-        h, d = self.FRAME.unpack_from(self.buf, 0)
-        at = self.FRAME.size + h
-        tag, departure, dtype, shape, moved = pickle.loads(self.buf[self.FRAME.size:at])
-        if moved:
-            return tag, departure, np.empty(0), False, moved
-        view = np.frombuffer(self.buf, np.uint8, d, at)
-        pinned = d > SMALL_BYTES
-        chunk = (view if pinned else view.copy()).view(dtype).reshape(shape)
-        return tag, departure, chunk, pinned, None
-
     def close(self) -> None:
         """Unmap (unless a received view still pins it: then when that view goes) and remove
         the name if the reader never attached."""
@@ -135,6 +102,189 @@ class Segment:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+ALIGN = 64  # every message starts on a cache line, and so does its data
+FRAME = struct.Struct("<II")  # header length (or WRAP), data length
+WRAP = 0xFFFFFFFF  # "the next message is at offset 0"
+MAX_DEPTH = 1024  # messages out at once: their wake and ack bytes stay far below a pipe's capacity
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def footprint(header: int, data: int) -> int:
+    """Bytes a message takes in the ring: frame and pickled header, then the data on its own
+    cache line, rounded up to the next one."""
+    return _aligned(FRAME.size + header) + _aligned(data)
+
+
+class Sender:
+    """The writer's end: a `Segment` used as a ring buffer of messages, and the two signals.
+
+    Layout (every offset a multiple of ALIGN):
+
+        [ msg k-2 | msg k-1 | msg k ...free... ]      a message at offset o:
+          ^ oldest unreleased     ^ head                o        u32 header length h, u32 data length d
+                                                        o+8      pickled (tag, departure, dtype, shape, moved-to)
+                                                        align(o+8+h)  d bytes of data
+
+    A message goes at `head` when it fits before the end, else a WRAP frame goes there and the
+    message at offset 0; it never overwrites a message the reader has not released (one ack
+    byte per message, in order, so `starts` -- where each unreleased message's bytes begin,
+    its WRAP frame included -- pops one per byte). The writer reads acks only when the ring is
+    full (or holds MAX_DEPTH messages), all that came at once, and waits only if none came.
+
+    Capacity is at least twice the largest message, so a message always fits once the ring is
+    empty. A message larger than half the ring moves the link: the writer waits until the
+    reader has released everything, puts a frame whose moved-to names a new segment twice that
+    size, and writes the message at its start (one wake still; the reader follows and unmaps
+    the old one).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.segment = Segment(_aligned(capacity))
+        self.wake, self.ack = Signal(), Signal()
+        self.head = 0
+        self.starts: deque[int] = deque()
+
+    def reader_end(self) -> tuple[str, int, str, str]:
+        return self.segment.path, self.segment.capacity, self.wake.path, self.ack.path
+
+    def send(self, tag: Any, departure: float | None, chunk: np.ndarray, timeout: float,
+             aborted: Callable[[], bool]) -> None:
+        """Put one message in the ring and wake the reader; wait while there is no room."""
+        data = np.ascontiguousarray(chunk)
+        head = pickle.dumps((tag, departure, data.dtype.str, data.shape, None), protocol=pickle.HIGHEST_PROTOCOL)
+        size = footprint(len(head), data.nbytes)
+        what = f"send of {tag}"
+        if 2 * size > self.segment.capacity:
+            self._move(2 * size, tag, timeout, aborted)
+        if data.nbytes > SMALL_BYTES:  # worth a syscall: if the ring is empty, start it again
+            self._released(0.0, timeout, aborted, what, wait=False)
+        t0 = time.monotonic()
+        while (at := self._fit(size)) is None:
+            self._released(t0, timeout, aborted, what)
+        self._put(at, head, data)
+        os.write(self.wake.fd, b"!")
+
+    def _fit(self, size: int) -> tuple[int, int] | None:
+        """(offset of the message, where its bytes begin), or None while the ring is too full."""
+        if len(self.starts) >= MAX_DEPTH:
+            return None
+        cap, head = self.segment.capacity, self.head
+        if not self.starts and 0 < size <= head:  # empty: back to the start, whose pages are warm
+            return 0, head  # (a WRAP frame at head, which the message must not reach)
+        tail = self.starts[0] if self.starts else None
+        if tail is None or head > tail:  # free: [head, cap) and [0, tail)
+            if head + size <= cap:
+                return head, head
+            if size <= (head if tail is None else tail):
+                return 0, head  # a WRAP frame at head
+            return None
+        return (head, head) if head < tail and head + size <= tail else None
+
+    def _put(self, at: tuple[int, int], head: bytes, data: np.ndarray) -> None:
+        o, begins = at
+        buf = self.segment.buf
+        if o != begins:
+            FRAME.pack_into(buf, begins, WRAP, 0)
+        FRAME.pack_into(buf, o, len(head), data.nbytes)
+        buf[o + FRAME.size:o + FRAME.size + len(head)] = head
+        d0 = o + _aligned(FRAME.size + len(head))
+        if data.nbytes:
+            np.frombuffer(buf, np.uint8, data.nbytes, d0)[:] = data.reshape(-1).view(np.uint8)
+        self.starts.append(begins)
+        end = d0 + _aligned(data.nbytes)
+        self.head = 0 if end >= self.segment.capacity else end
+
+    def _released(self, t0: float, timeout: float, aborted: Callable[[], bool], what: str,
+                  wait: bool = True) -> None:
+        """Take every ack byte there is, waiting for one if there is none (and `wait`)."""
+        try:
+            got = os.read(self.ack.fd, 4096)
+        except BlockingIOError:
+            if not wait:
+                return
+            got = wait_bytes(self.ack.fd, t0, timeout, aborted, what)
+        if len(got) > len(self.starts):
+            raise RuntimeError(f"ring link: {len(got)} releases for {len(self.starts)} messages out")
+        for _ in got:
+            self.starts.popleft()
+
+    def _move(self, capacity: int, tag: Any, timeout: float, aborted: Callable[[], bool]) -> None:
+        """Wait for the ring to empty, then point the reader to a new segment of `capacity`."""
+        t0 = time.monotonic()
+        while self.starts:
+            self._released(t0, timeout, aborted, f"send of {tag}")
+        new = Segment(_aligned(max(capacity, 2 * self.segment.capacity)))
+        pointer = pickle.dumps((tag, None, "", (), (new.path, new.capacity)), protocol=pickle.HIGHEST_PROTOCOL)
+        self._put(self._fit(footprint(len(pointer), 0)), pointer, np.empty(0, np.uint8))
+        old, self.segment = self.segment, new
+        self.head, self.starts = 0, deque()
+        old.close()  # ours only: the reader keeps its mapping until it follows the pointer
+
+    def close(self) -> None:
+        for signal in (self.wake, self.ack):
+            signal.close()
+        self.segment.close()
+
+
+class Receiver:
+    """The reader's end: reads the ring in the sender's order. A chunk up to SMALL_BYTES is
+    copied out, and its ack goes at once; a larger one is a view of the ring (pinned), acked by
+    `release` when the caller has dropped it. Wake bytes that came together are taken with one
+    read and counted."""
+
+    def __init__(self, path: str, capacity: int, wake: str, ack: str) -> None:
+        self.segment = Segment.attach(path, capacity)
+        self.wake, self.ack = Signal.attach(wake), Signal.attach(ack)
+        self.pos = 0
+        self.ready = 0  # wake bytes taken, messages not yet read
+        self.pinned = False
+
+    def release(self) -> None:
+        """The caller has dropped every view of the last message read: ack it."""
+        if self.pinned:
+            os.write(self.ack, b"!")
+            self.pinned = False
+
+    def recv(self, timeout: float, aborted: Callable[[], bool], what: str) -> tuple[Any, float | None, np.ndarray]:
+        """(tag, departure, chunk) of the next message, waiting for it."""
+        if not self.ready:
+            try:
+                got = os.read(self.wake, 4096)
+            except BlockingIOError:
+                got = wait_bytes(self.wake, time.monotonic(), timeout, aborted, what)
+            self.ready = len(got)
+        self.ready -= 1
+        buf = self.segment.buf
+        o = self.pos
+        h, d = FRAME.unpack_from(buf, o)
+        if h == WRAP:
+            o = 0
+            h, d = FRAME.unpack_from(buf, o)
+        tag, departure, dtype, shape, moved = pickle.loads(buf[o + FRAME.size:o + FRAME.size + h])
+        if moved is not None:  # the sender outgrew the ring: the message starts the next one
+            old, self.segment = self.segment, Segment.attach(*moved)
+            old.close()
+            self.pos, self.ready = 0, self.ready + 1
+            return self.recv(timeout, aborted, what)
+        d0 = o + _aligned(FRAME.size + h)
+        view = np.frombuffer(buf, np.uint8, d, d0)
+        end = d0 + _aligned(d)
+        self.pos = 0 if end >= self.segment.capacity else end
+        self.pinned = d > SMALL_BYTES
+        if not self.pinned:
+            view = view.copy()
+            os.write(self.ack, b"!")
+        return tag, departure, view.view(dtype).reshape(shape)
+
+    def close(self) -> None:
+        for fd in (self.wake, self.ack):
+            os.close(fd)
+        self.segment.close()
 
 
 def notify(fd: int | None) -> None:
@@ -155,23 +305,15 @@ def checked(t0: float, timeout: float, aborted: Callable[[], bool], what: str) -
     return waited
 
 
-def take(fd: int, timeout: float, aborted: Callable[[], bool], what: str) -> float:
-    """Block until one signal byte arrives on fd and consume it (one byte per message or
-    release, so the channel operation after it succeeds at its first try); return the
-    seconds left of `timeout`, for that operation."""
-    try:  # the byte is often there already (a busy machine): no poll, no clock
-        os.read(fd, 1)
-        return timeout
-    except BlockingIOError:
-        pass
-    t0 = time.monotonic()
+def wait_bytes(fd: int, t0: float, timeout: float, aborted: Callable[[], bool], what: str) -> bytes:
+    """Block until signal bytes arrive on fd (a wait that began at t0) and take all of them:
+    at least one."""
     waiter = select.poll()  # not select.select: that one fails for fds >= 1024
     waiter.register(fd, select.POLLIN)
     while True:
         checked(t0, timeout, aborted, what)
         if waiter.poll(CHECK_S * 1000):
             try:
-                os.read(fd, 1)
-                return max(0.0, timeout - (time.monotonic() - t0))
+                return os.read(fd, 4096)
             except BlockingIOError:  # pragma: no cover - another reader of the same fd
                 pass

@@ -14,8 +14,8 @@ before timing, each method's result is checked once against the numpy sum (a mis
 
 Methods (each one full allreduce-equivalent round on the same actors):
   ring-objstore  our ring (ring.py schedule, peer.py ring_allreduce) over the object-store
-                 transport: each chunk goes through a shared-memory Ray channel to the right
-                 neighbour (channels.py), zero-copy on the receiving side.
+                 transport: each chunk goes through a shared-memory ring buffer to the right
+                 neighbour (channels.py, shm.py), zero-copy on the receiving side.
   ring-calls     the same ring with one `deliver` actor call per chunk (the object-store
                  transport without channels), to show what a Ray call per message costs.
   ring-torch     the same ring over torch.distributed isend/recv (gloo point-to-point).

@@ -2,6 +2,7 @@
 shared-memory segment -- no Ray cluster."""
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from ray.exceptions import RayChannelTimeoutError
 
 from testbed.allreduce import channels, shm
 from testbed.allreduce.channels import decode, encode, poll
-from testbed.allreduce.shm import SMALL_BYTES, take
+from testbed.allreduce.shm import SMALL_BYTES
 from testbed.runtime.remote import RemoteTimeout
 from testbed.runtime.transport import StepAborted
 
@@ -65,17 +66,16 @@ def test_other_errors_are_not_swallowed():
         poll(broken, timeout=10, aborted=lambda: False, what="m")
 
 
-def test_take_consumes_exactly_one_signal_byte():
+def test_wait_bytes_takes_every_byte_there_is_and_gives_up_with_the_cause():
     r, w = os.pipe()
     try:
         os.set_blocking(r, False)
-        os.write(w, b"!!")
-        take(r, timeout=5, aborted=lambda: False, what="m")
-        take(r, timeout=5, aborted=lambda: False, what="m")  # the second byte is still there
+        os.write(w, b"!!!")
+        assert shm.wait_bytes(r, time.monotonic(), 5, lambda: False, "m") == b"!!!"
         with pytest.raises(RemoteTimeout, match="message 3 did not complete"):
-            take(r, timeout=0.05, aborted=lambda: False, what="message 3")
+            shm.wait_bytes(r, time.monotonic(), 0.05, lambda: False, "message 3")
         with pytest.raises(StepAborted):
-            take(r, timeout=5, aborted=lambda: True, what="m")
+            shm.wait_bytes(r, time.monotonic(), 5, lambda: True, "m")
     finally:
         os.close(r)
         os.close(w)
@@ -128,36 +128,98 @@ def test_a_slot_wait_ends_on_abort_and_on_its_deadline():
     slot.close()
 
 
-def test_a_segment_carries_one_message_at_a_time_copied_when_small_and_pinned_when_large():
-    writer = shm.Segment(channels.MIN_BYTES)
-    reader = shm.Segment.attach(writer.path, writer.capacity)
-    assert not os.path.exists(writer.path)  # attached: the name is gone
-    small = np.arange(12, dtype=np.float32).reshape(3, 4)
-    assert writer.write(("b", 1), 2.5, small)
-    tag, departure, got, pinned, moved = reader.read()
-    assert (tag, departure, pinned, moved) == (("b", 1), 2.5, False, None)
-    np.testing.assert_array_equal(got, small)
-    assert writer.write("c", None, np.zeros(3, np.float32)) and (got == small).all()  # a private copy
+def _ends(capacity: int) -> tuple[shm.Sender, shm.Receiver]:
+    sender = shm.Sender(capacity)
+    receiver = shm.Receiver(*sender.reader_end())
+    return sender, receiver
+
+
+def _message(rng: np.random.Generator, i: int, usual: int, big: int) -> np.ndarray:
+    """Message i of a seeded stream: mostly up to `usual` elements, now and then up to `big`."""
+    n = int(rng.integers(0, big if rng.random() < 0.1 else usual))
+    return np.full(n, i, np.float32) + np.arange(n, dtype=np.float32)
+
+
+@pytest.mark.parametrize("capacity, usual, big", [
+    (4096, 40, 400),
+    (4096, 40, 2000),  # 2000 floats outgrow the 4 KiB ring: the link moves
+    (4 << 20, 300_000, 480_000),  # mostly above SMALL_BYTES: read in place, the ring drained before each
+])
+def test_a_ring_delivers_every_message_in_order_whatever_wraps_fills_or_moves(capacity, usual, big):
+    """One writer, one reader, a small ring, in a seeded interleaving: the reader reads at
+    random moments and whenever the writer finds no room (a send that may not wait raises).
+    The ring wraps, fills, starts again at 0 when empty and, with big messages, moves to a
+    larger segment; the reader must see exactly the stream sent (the list, the reference)."""
+    sender, receiver = _ends(capacity)
+    rng = np.random.default_rng(big)
+    sent, got = [], []
+    count = 600 if capacity < SMALL_BYTES else 60
+
+    def read_one() -> None:
+        tag, departure, chunk = receiver.recv(1, lambda: False, "m")
+        got.append((tag, departure, np.array(chunk)))
+        del chunk
+        receiver.release()
+
+    for i in range(count):
+        chunk = _message(rng, i, usual, big)
+        sent.append((("m", i), float(i), chunk.copy()))
+        while True:
+            try:
+                sender.send(("m", i), float(i), chunk, 0, lambda: False)
+                break
+            except RemoteTimeout:  # full: the writer would wait for the reader
+                read_one()
+        chunk += 1000  # the sender's buffer changes at once: the message must not
+        while len(got) < len(sent) and rng.random() < 0.4:
+            read_one()
+    while len(got) < len(sent):
+        read_one()
+    for (tag, dep, chunk), (etag, edep, expect) in zip(got, sent, strict=True):
+        assert (tag, dep) == (etag, edep)
+        np.testing.assert_array_equal(chunk, expect)
+    moves = 2 * shm.footprint(100, 4 * big) > capacity
+    assert (sender.segment.capacity > capacity) == moves
+    receiver.close()
+    sender.close()
+
+
+def test_a_ring_holds_many_small_messages_before_any_is_read():
+    sender, receiver = _ends(channels.MIN_BYTES)
+    for i in range(50):  # no reader yet: none of these may wait
+        sender.send(i, None, np.full(128, i, np.float32), 0.01, lambda: False)
+    for i in range(50):
+        tag, _, chunk = receiver.recv(1, lambda: False, "m")
+        assert tag == i and (chunk == i).all()
+    receiver.close()
+    sender.close()
+
+
+def test_a_large_message_is_read_in_place_and_its_room_waits_for_the_release():
+    """A chunk above SMALL_BYTES is a view of the ring, pinned until `release`: the writer
+    may not write over it before then, and the view outlives the ring's unmapping."""
     big = np.random.default_rng(1).standard_normal(SMALL_BYTES // 4 + 1).astype(np.float32)
-    assert not writer.write("d", None, big)  # does not fit 64 KiB: the caller grows the link
-    large = shm.Segment(4 * big.nbytes)
-    assert large.write("d", None, big)
-    assert writer.write("d", None, big[:1], moved=(large.path, large.capacity))
-    tag, _, _, _, moved = reader.read()
-    assert tag == "d" and moved == (large.path, large.capacity)
-    follow = shm.Segment.attach(*moved)
-    tag, _, got, pinned, _ = follow.read()
-    assert tag == "d" and pinned and np.shares_memory(got, np.frombuffer(follow.buf, np.uint8))
+    sender, receiver = _ends(2 * shm.footprint(100, big.nbytes))  # room for two
+    sender.send("a", None, big, 1, lambda: False)
+    sender.send("b", None, big, 1, lambda: False)
+    tag, _, got = receiver.recv(1, lambda: False, "m")
+    assert tag == "a" and np.shares_memory(got, np.frombuffer(receiver.segment.buf, np.uint8))
+    with pytest.raises(RemoteTimeout, match="send of c"):  # "a" is still pinned: no room
+        sender.send("c", None, big, 0.1, lambda: False)
+    with pytest.raises(StepAborted, match="send of c"):
+        sender.send("c", None, big, 10, lambda: True)
+    receiver.release()
+    sender.send("c", None, big, 1, lambda: False)
     np.testing.assert_array_equal(got, big)
-    follow.close()  # pinned by `got`: unmapped when it goes, not now
+    receiver.close()  # pinned by `got`: unmapped when it goes, not now
     assert got.sum() == pytest.approx(big.sum())
     del got
-    for seg in (reader, writer, large):
-        seg.close()
+    sender.close()
 
 
 def test_a_segment_nobody_attached_is_removed_by_its_writer():
-    seg = shm.Segment(channels.MIN_BYTES)
-    assert os.path.exists(seg.path)
-    seg.close()
-    assert not os.path.exists(seg.path)
+    sender = shm.Sender(channels.MIN_BYTES)
+    path = sender.reader_end()[0]
+    assert os.path.exists(path)
+    sender.close()
+    assert not os.path.exists(path)

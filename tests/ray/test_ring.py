@@ -22,15 +22,17 @@ class _Probe(RingPeer):
         return buf, sent
 
     def link_capacity(self) -> int | None:
-        """Bytes the outgoing link holds without growing; None when no link was opened."""
+        """Bytes of the largest message the outgoing link takes without growing (half of a
+        shared-memory ring: shm.Sender); None when no link was opened."""
         if self._outgoing is None:
             return None
-        segment = self._outgoing.segment  # one node: shared memory; else a Ray channel
-        return segment.capacity if segment is not None else self._outgoing.channel._typ.buffer_size_bytes
+        sender = self._outgoing.sender  # one node: shared memory; else a Ray channel
+        return sender.segment.capacity // 2 if sender is not None else self._outgoing.channel._typ.buffer_size_bytes
 
     def link_names(self) -> list[str]:
         """The FIFO and segment names of this peer's outgoing link (gone once the reader attached)."""
-        return [signal.path for signal in self._outgoing.signals] + [self._outgoing.segment.path]
+        path, _, wake, ack = self._outgoing.sender.reader_end()
+        return [path, wake, ack]
 
     def link_exchange(self, send_tag: str, expect_tag: str) -> str:
         """Send under one tag, expect another: the schedule check of channels.Link."""
