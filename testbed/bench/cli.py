@@ -1,6 +1,7 @@
 """Benchmark the allreduce building blocks: our ring against torch's gloo, a PS and MapReduce.
 
 (`python -m testbed.bench network`: a real network's alpha and beta, testbed/bench/calibrate.py;
+`python -m testbed.bench targets RUN.json ...`: the targets over several runs, testbed/bench/judge.py;
 `python -m testbed.bench models`: the real models' step time, testbed/bench/modeltimes.py;
 `python -m testbed.bench startup`: how long a run takes to start, testbed/bench/startup.py.)
 
@@ -66,15 +67,14 @@ from typing import Any
 
 import numpy as np
 
-from testbed.bench import calibrate, gpu, modeltimes, startup
+from testbed.bench import calibrate, gpu, judge, modeltimes, startup
+from testbed.bench.report import derive, latency_entry, report, targets
 from testbed.config import MAX_WORKERS, ConfigError
 from testbed.util.units import format_bytes, format_seconds, parse_size
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 PROG = "python -m testbed.bench"
 SCHEMA = "testbed.bench/1"
-TARGET_BUSBW_N, TARGET_BUSBW_MIN_SIZE = 4, 64 * 10**6  # target (1): ring >= 1.0x gloo busbw
-TARGET_LAT_N, TARGET_LAT_RATIO = 8, 1.5  # target (2): ring <= 1.5 x 2(N-1) hops
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.add_arguments(sub)
     modeltimes.add_arguments(sub)
     startup.add_arguments(sub)
+    judge.add_arguments(sub)
     return p
 
 
@@ -155,9 +156,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ns = build_parser().parse_args(None if argv is None else _joined(list(argv)))
     if ns.command is None:
         raise ConfigError(f"missing benchmark: use '{PROG} allreduce --workers 2,4 --sizes 4KB', "
-                          f"'{PROG} network', '{PROG} models', '{PROG} startup' or '{PROG} gpu --out DIR'")
+                          f"'{PROG} network', '{PROG} models', '{PROG} startup', '{PROG} gpu --out DIR' or "
+                          f"'{PROG} targets RUN.json ...'")
     if ns.command == "gpu":  # --out is a folder there
         gpu.validate(ns, _split, parse_sizes)
+        return ns
+    if ns.command == "targets":  # reads the runs' --out files
+        judge.validate(ns, SCHEMA)
         return ns
     if ns.out is not None:
         parent = os.path.dirname(os.path.abspath(ns.out))
@@ -224,93 +229,6 @@ def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "memory_bytes": mem, "platform": platform.platform(),
             "processor": platform.machine(), "python": platform.python_version(),
             "numpy": np.__version__, "torch": torch.__version__, "ray": ray.__version__}
-
-
-def machine_line(m: dict[str, Any]) -> str:
-    line = (f"machine: {m['cpus']} CPUs, {m['memory_bytes'] / 2**30:.0f} GiB, {m['platform']}; "
-            f"python {m['python']}, numpy {m['numpy']}, torch {m['torch']}, ray {m['ray']}")
-    before, other = m.get("busy_before"), m.get("other_cpu_share")
-    if before is not None and other is not None:
-        line += (f"\nmachine load: {before:.0%} of the CPUs busy before the run; processes other than "
-                 f"the benchmark's (Ray daemons included) used {other:.0%} of them during it")
-        if max(before, other) > 0.25:
-            line += " -- BUSY machine: numbers include foreign contention; rerun when quiet"
-    return line
-
-
-def derive(n: int, size: int, method: str, m: dict[str, Any]) -> dict[str, Any]:
-    """Raw samples -> median/p10/p90 time, algbw, busbw."""
-    s = np.asarray(m["samples_s"], dtype=float)
-    med = float(np.median(s))
-    algbw = size / med
-    return {"workers": n, "size_bytes": size, "method": method, "median_s": med,
-            "p10_s": float(np.percentile(s, 10)), "p90_s": float(np.percentile(s, 90)),
-            "algbw_Bps": algbw, "busbw_Bps": algbw * 2 * (n - 1) / n,
-            "cpu_s_median": float(np.median(m["cpu_s"])), **m}
-
-
-def _bw(x: float) -> str:
-    return format_bytes(x) + "/s"
-
-
-def format_table(rows: list[dict[str, Any]]) -> str:
-    head = ("N", "size", "method", "time", "p10", "p90", "algbw", "busbw", "vs gloo", "cpu")
-    lines = [head]
-    for r in rows:
-        ratio = r.get("ratio_to_gloo")
-        lines.append((str(r["workers"]), format_bytes(r["size_bytes"]), r["method"],
-                      format_seconds(r["median_s"]), format_seconds(r["p10_s"]),
-                      format_seconds(r["p90_s"]), _bw(r["algbw_Bps"]), _bw(r["busbw_Bps"]),
-                      "-" if ratio is None else f"{ratio:.2f}x", format_seconds(r["cpu_s_median"])))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    left = {2}
-    out = []
-    for line in lines:
-        out.append("  ".join(c.ljust(w) if i in left else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(line, widths, strict=True))))
-    return "\n".join(out)
-
-
-def latency_entry(n: int, hops: list[float], rows: list[dict[str, Any]],
-                  method: str = "ring-objstore", loaded: bool = False) -> dict[str, Any]:
-    """`method`'s time at its smallest size against 2(N-1) one-hop pings over the same path,
-    pinged by one pair of ranks (idle) or by every pair at once (loaded)."""
-    hop = float(np.median(hops))
-    small = min((r for r in rows if r["workers"] == n and r["method"] == method),
-                key=lambda r: r["size_bytes"])
-    bound = 2 * (n - 1) * hop
-    return {"workers": n, "method": method, "hop_load": "loaded" if loaded else "idle",
-            "hop_samples_s": hops, "hop_s": hop,
-            "ring_size_bytes": small["size_bytes"], "ring_s": small["median_s"], "hops_s": bound,
-            "ratio": small["median_s"] / bound,
-            "cpu_floor_s": small["cpu_s_median"] / (os.cpu_count() or 1)}
-
-
-def format_latency(lat: dict[str, Any]) -> str:
-    n = lat["workers"]
-    return (f"latency N={n}: {lat['method']} {format_bytes(lat['ring_size_bytes'])} "
-            f"{format_seconds(lat['ring_s'])} vs 2(N-1)={2 * (n - 1)} one-hop 4 KiB pings on its path, "
-            f"{lat['hop_load']} ({format_seconds(lat['hop_s'])} each) = {format_seconds(lat['hops_s'])}: "
-            f"{lat['ratio']:.2f}x (its CPU alone needs >= {format_seconds(lat['cpu_floor_s'])} on these cores)")
-
-
-def targets(rows: list[dict[str, Any]], lats: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The two ring targets, where this run measured their (N, size)."""
-    out = []
-    big = [r for r in rows if r["workers"] == TARGET_BUSBW_N and r["size_bytes"] >= TARGET_BUSBW_MIN_SIZE]
-    if big:
-        size = min(r["size_bytes"] for r in big)
-        by = {r["method"]: r for r in big if r["size_bytes"] == size}
-        ratio = by["ring-objstore"]["busbw_Bps"] / by["gloo"]["busbw_Bps"]
-        out.append({"name": f"busbw ring-objstore / gloo, N={TARGET_BUSBW_N}, {format_bytes(size)}",
-                    "value": ratio, "goal": ">= 1.0", "met": ratio >= 1.0})
-    for lat in lats:
-        if lat["workers"] == TARGET_LAT_N and lat["method"] == "ring-objstore" and lat["hop_load"] == "idle":
-            out.append({"name": f"ring latency / 2(N-1) hops, N={TARGET_LAT_N}, "
-                                f"{format_bytes(lat['ring_size_bytes'])}",
-                        "value": lat["ratio"], "goal": f"<= {TARGET_LAT_RATIO}",
-                        "met": lat["ratio"] <= TARGET_LAT_RATIO})
-    return out
 
 
 def write_json(path: str, doc: dict[str, Any]) -> None:
@@ -380,19 +298,6 @@ def cuda_name() -> str:
     return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
 
 
-def report(doc: dict[str, Any]) -> str:
-    lines = [machine_line(doc["machine"])]
-    if doc["machine"].get("gpu"):
-        lines.append(f"buffers on the GPU: {doc['machine']['gpu']}, shared by every worker")
-    lines += ["", format_table(doc["results"]), ""]
-    lines += [f"left out: {m}: {why}" for m, why in doc.get("left_out", {}).items()]
-    lines += [format_latency(lat) for lat in doc["latency"]]
-    for t in doc["targets"]:
-        lines.append(f"target {t['name']}: {t['value']:.2f} (goal {t['goal']}): "
-                     f"{'met' if t['met'] else 'MISSED'}")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -410,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         return _emit(ns, doc, modeltimes.report(doc))
     if ns.command == "gpu":
         return gpu.run(ns)
+    if ns.command == "targets":
+        return judge.run(ns)
     if ns.command == "startup":
         doc = startup.run_startup(ns)
         failed = f"{len(doc['errors'])} run(s) failed; see the error lines above" if doc["errors"] else None

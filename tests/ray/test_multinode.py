@@ -36,7 +36,7 @@ class _Peer(RingPeer):
     def allreduce(self, buf: np.ndarray, tag: str) -> tuple[np.ndarray, bool]:
         buf = buf.copy()
         ring_allreduce(buf, self.rank, self.n, self.transport, tag)
-        return buf, self._outgoing.signals is None
+        return buf, self._outgoing.sender is None
 
 
 @pytest.mark.usefixtures("two_nodes")
