@@ -47,7 +47,7 @@ One node: a ring buffer, many messages deep (`shm.Sender` and `shm.Receiver`):
 - A message larger than half the ring moves the link to a new segment (`shm.Sender`); a
   channel is re-created by Ray, which tells the reader through the old one (that rare write
   waits in Ray's own blocking call).
-- Recovery rebuilds every link (`peer.wire_ring`), so nothing of an aborted attempt is read.
+- Recovery rebuilds every link (`wiring.wire_ring`), so nothing of an aborted attempt is read.
 - Names in /dev/shm and the FIFOs' in the temporary folder live only until the reader attaches
   (or the writer closes a link nobody attached).
 

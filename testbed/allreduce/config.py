@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.config.checks import integer, real
+from testbed.config.environment import MAX_WORKERS
 from testbed.config.fields import opt
-from testbed.config.schema import MAX_WORKERS
 
 
 @dataclass(frozen=True)

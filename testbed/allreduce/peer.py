@@ -1,9 +1,9 @@
 """The allreduce family's actor shell: a worker that trains and allreduces its gradient buckets.
 
 The schedules (which piece goes where in which round) are `ring.py`'s and `algorithms.py`'s;
-`collectives.py` walks them over a transport (`testbed.runtime.transport`); this module wires the peers
-and runs one training step. The driver starts a step and collects timings, but never relays
-a chunk.
+`collectives.py` walks them over a transport (`testbed.runtime.transport`); `wiring.py` connects
+the peers, and this module runs one training step. The driver starts a step and collects
+timings, but never relays a chunk.
 
 Per bucket (`--algorithm`, an entry of `algorithms.ALGORITHMS`): one with the ring's neighbour
 exchange -> `ring_allreduce` over `exchange` (right neighbour only); the any-pair ones ->
@@ -18,7 +18,6 @@ Buffers: a torch tensor (any device: the adds run where the gradient lives, on t
 
 from __future__ import annotations
 
-import os
 import queue
 import socket
 import sys
@@ -35,10 +34,11 @@ from testbed.allreduce.channels import Link, Outgoing, Slot
 from testbed.allreduce.collectives import ring_allreduce, run_schedule, sparse_ring_allgather
 from testbed.allreduce.relay import Loopback, Relay, relay_allreduce
 from testbed.allreduce.ring import make_buckets
+from testbed.allreduce.wiring import pin_gloo_interface
 from testbed.emulation.network import LinkSpec
 from testbed.emulation.peers import segment_sizes
 from testbed.runtime import hosting
-from testbed.runtime.remote import RemoteTimeout, get
+from testbed.runtime.remote import RemoteTimeout
 from testbed.runtime.transport import (
     Mailbox,
     ObjectStoreTransport,
@@ -52,29 +52,9 @@ from testbed.runtime.worker import WorkerBase
 from testbed.training.compressor import Compressor, unpack_sparse
 from testbed.training.optim import Optimizer, optimizer_for, to_numpy_state
 
-__all__ = ["Mailbox", "ObjectStoreTransport", "RingPeer", "TorchTransport", "ring_allreduce", "wire_ring"]
+__all__ = ["Mailbox", "ObjectStoreTransport", "RingPeer", "TorchTransport", "ring_allreduce"]
 
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-
-
-def wire_ring(peers: list[Any], timeout: float, nbytes: int | None = None) -> None:
-    """Connect RingPeer actors into an object-store ring with a channel per link (channels.py).
-
-    Two phases, because Ray lets only a channel's writer create it: every peer opens the
-    channel to its right neighbour, then every peer takes its left neighbour's. Called again
-    after a peer restarts: every link is new, so nothing of an aborted attempt is read.
-    Peers need max_concurrency >= 2: opening a link to a reader on another node runs a call
-    on the reader while it opens its own link (tests/ray/test_multinode.py). Neighbours that
-    share a process (--workers-per-process) are linked by a `channels.Slot` instead.
-    """
-    n = len(peers)
-    outs: list[Any] = [None] * n
-    if n > 1:
-        nodes = get([p.node_id.remote() for p in peers], timeout, "peer node ids")
-        outs = get([p.open_link.remote(peers[(r + 1) % n], nodes[(r + 1) % n], nbytes,
-                                       hosting.same_process(p, peers[(r + 1) % n]))
-                    for r, p in enumerate(peers)], timeout, "ring channels")
-    get([p.connect_ring.remote(peers, outs[(r - 1) % n]) for r, p in enumerate(peers)], timeout, "ring wiring")
 
 
 class RingPeer(WorkerBase):
@@ -414,36 +394,3 @@ class RingPeer(WorkerBase):
             raise RemoteTimeout(f"worker {self.rank}: bucket allreduce did not finish within "
                                 f"{self.config.cluster.timeout_s:g}s")
         return grad, info
-
-
-def pin_gloo_interface(ip: str) -> None:
-    """Make gloo listen on the interface that holds this node's Ray address.
-
-    Gloo picks its address from the host name, and a host name often resolves to 127.0.0.1
-    (/etc/hosts): fine on one machine, but a peer on another node would then be told to connect
-    to its own loopback. GLOO_SOCKET_IFNAME names the interface instead; a value the user set is
-    kept, and an address held by no interface leaves gloo's default.
-    """
-    if os.environ.get("GLOO_SOCKET_IFNAME"):
-        return
-    name = interface_of(ip)
-    if name is not None:
-        os.environ["GLOO_SOCKET_IFNAME"] = name
-
-
-def interface_of(ip: str) -> str | None:
-    """The network interface holding IPv4 address `ip` (Linux), or None."""
-    import fcntl
-    import struct
-
-    siocgifaddr = 0x8915
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                raw = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
-            except OSError:  # no IPv4 address on it
-                continue
-            if socket.inet_ntoa(raw[20:24]) == ip:
-                return name
-    return None
-

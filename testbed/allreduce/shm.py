@@ -219,8 +219,12 @@ class Sender:
         while self.starts:
             self._released(t0, timeout, aborted, f"send of {tag}")
         new = Segment(_aligned(max(capacity, 2 * self.segment.capacity)))
-        pointer = pickle.dumps((tag, None, "", (), (new.path, new.capacity)), protocol=pickle.HIGHEST_PROTOCOL)
-        self._put(self._fit(footprint(len(pointer), 0)), pointer, np.empty(0, np.uint8))
+        try:
+            pointer = pickle.dumps((tag, None, "", (), (new.path, new.capacity)), protocol=pickle.HIGHEST_PROTOCOL)
+            self._put(self._fit(footprint(len(pointer), 0)), pointer, np.empty(0, np.uint8))
+        except BaseException:
+            new.close()  # nobody will attach it: its name would outlive the run in /dev/shm
+            raise
         old, self.segment = self.segment, new
         self.head, self.starts = 0, deque()
         old.close()  # ours only: the reader keeps its mapping until it follows the pointer

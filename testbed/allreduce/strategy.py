@@ -27,7 +27,8 @@ import numpy as np
 import ray
 
 from testbed.allreduce.algorithms import ALGORITHMS, groups_from_nodes, groups_of_size
-from testbed.allreduce.peer import RingPeer, wire_ring
+from testbed.allreduce.peer import RingPeer
+from testbed.allreduce.wiring import wire_ring
 from testbed.analysis.records import Recorder, UpdateRecord
 from testbed.emulation.faults import NonFiniteGradient
 from testbed.runtime import remote

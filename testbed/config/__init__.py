@@ -1,7 +1,8 @@
 """What the user asked for: one validated configuration per run, and nothing else.
 
-    schema.py       RunConfig and its sections; each field's flag, help, check and parser; the
-                    strategy packages' own sections, which their specs name
+    schema.py       RunConfig; each field's flag, help, check and parser; the strategy
+                    packages' own sections, which their specs name
+    environment.py  the cluster, network emulation and faults sections
     workload.py     the workload and evaluation sections; which workload reads which key
     fields.py       what a field is (`opt`) and the one error (`ConfigError`)
     datafiles.py    the --data formats (CIFAR-10 binary, MNIST IDX, UTF-8 text): probe and read
@@ -17,17 +18,19 @@ strategies' sections come from their packages through the registry (`strategy_se
 """
 
 from testbed.config.compressionspec import CompressionSpec
-from testbed.config.flags import build_parser, parse_config
-from testbed.config.schema import (
+from testbed.config.environment import (
     DEVICES,
     MAX_WORKERS,
     PLACEMENTS,
     ClusterConfig,
+    FaultConfig,
+    NetworkConfig,
+)
+from testbed.config.flags import build_parser, parse_config
+from testbed.config.schema import (
     ConfigError,
     EvalConfig,
-    FaultConfig,
     Faults,
-    NetworkConfig,
     Payload,
     RunConfig,
     Stragglers,

@@ -16,9 +16,9 @@ from typing import Any
 
 from testbed.config.calibration import load_calibration
 from testbed.config.datafiles import probe
+from testbed.config.environment import AUTO
 from testbed.config.faultspec import check_faults
 from testbed.config.schema import (
-    AUTO,
     ConfigError,
     RunConfig,
     default_of,

@@ -38,7 +38,7 @@ from typing import Any
 import pandas as pd
 
 from testbed.config import Payload, RunConfig, with_overrides
-from testbed.config.schema import AUTO
+from testbed.config.environment import AUTO
 from testbed.emulation.dilation import LEAK_LIMIT
 from testbed.strategies.registry import SPECS
 

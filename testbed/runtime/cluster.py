@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed.config import ClusterConfig, ConfigError
-from testbed.runtime.rayprocs import _pid_alive, check_reachable, start_ray, stop_ray
+from testbed.runtime.rayprocs import check_reachable, start_ray, stop_ray
+from testbed.runtime.reaper import pid_alive
 from testbed.workloads import footprint
 
 # Resident memory of one worker process, measured on the 2-core machine (ps RSS after setup):
@@ -327,7 +328,7 @@ class Cluster:
         node = getattr(ray._private.worker, "_global_node", None)
         procs = getattr(node, "all_processes", None) or {}
         pids = [p.process.pid for kind in ("gcs_server", "raylet") for p in procs.get(kind, [])]
-        return bool(pids) and all(_pid_alive(pid) for pid in pids)
+        return bool(pids) and all(pid_alive(pid) for pid in pids)
 
     def __enter__(self) -> Cluster:
         return self.start()

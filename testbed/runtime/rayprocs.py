@@ -24,15 +24,21 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 import sys
 import tempfile
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from testbed.config import ConfigError
+from testbed.runtime.reaper import (
+    become_subreaper,
+    end_processes,
+    ray_descendants,
+    release_orphaned_semaphores,
+    release_semaphores,
+)
 
 AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + empty SETTINGS
@@ -265,7 +271,7 @@ def start_ray(address: str | None, *, flag: str = "--address", num_cpus: int | N
     common = {"include_dashboard": False, "configure_logging": False, "log_to_driver": False}
     RayMessages.install()
     if address is None:
-        _become_subreaper()
+        become_subreaper()
         release_orphaned_semaphores()
         with _keep_our_sigterm(), _daemons_in_own_session(), _quiet_ray_tips():
             ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **common)
@@ -302,65 +308,6 @@ def _quiet_ray_tips():
         yield
 
 
-RAY_PROCESS = ("raylet", "gcs_server", "default_worker.py", "ray::", "dashboard", "runtime_env",
-               "log_monitor", "monitor.py")
-
-
-def _become_subreaper() -> None:
-    """Linux: let the processes of the Ray this process starts stay its descendants even when
-    their parent dies first (a signal to the process group takes the raylet, whose agents would
-    otherwise be adopted by init and outlive the run by a minute), so `stop_ray` can end them."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
-
-
-def _ray_descendants() -> dict[int, str]:
-    """This process's descendants that are Ray's: {pid: command line}."""
-    parent, cmd = {}, {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                parent[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                cmd[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except (OSError, ValueError, IndexError):
-                continue
-    found, frontier = set(), {os.getpid()}
-    while frontier:
-        frontier = {pid for pid, pp in parent.items() if pp in frontier} - found
-        found |= frontier
-    return {pid: cmd.get(pid, "") for pid in found if any(k in cmd.get(pid, "") for k in RAY_PROCESS)}
-
-
-def _end(pids: dict[int, str], grace: float = 2.0) -> None:
-    """What is left of them after Ray's own shutdown: SIGTERM, a moment, SIGKILL, and reap."""
-    import signal
-    import time
-
-    left = [pid for pid in pids if _pid_alive(pid)]
-    for pid in left:
-        with suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while (left := [pid for pid in left if _pid_alive(pid)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in left:
-        with suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    for pid in pids:  # adopted orphans are ours to reap (Ray's own children it reaps itself)
-        with suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-
-
-def end_ray_processes() -> None:
-    """Ray cannot be stopped in order (its daemons are gone, or it would not stop in time): end
-    the processes of it that this process started, before leaving without it."""
-    _end(_ray_descendants(), grace=1.0)
-
-
 def stop_ray() -> None:
     """Shut down the Ray this process started; end whatever of it outlives that (a raylet killed
     by a signal leaves its agents); remove the named semaphores its raylet left in /dev/shm
@@ -374,68 +321,7 @@ def stop_ray() -> None:
     pool.forget()  # its processes go down with this Ray
     node = getattr(ray._private.worker, "_global_node", None)
     raylets = [p.process.pid for p in (getattr(node, "all_processes", None) or {}).get("raylet", [])]
-    ours = _ray_descendants()
+    ours = ray_descendants()
     ray.shutdown()
-    _end(ours)
+    end_processes(ours)
     release_semaphores(raylets)
-
-
-def release_semaphores(raylets: list[int]) -> None:
-    """Remove the named semaphores these (stopped) raylets left in /dev/shm."""
-    for pid in raylets:
-        for path in Path("/dev/shm").glob(f"sem.*{pid}-*"):
-            if path.name.startswith((f"sem.hdr{pid}-", f"sem.obj{pid}-")):
-                path.unlink(missing_ok=True)
-
-
-SEMAPHORE = re.compile(r"sem\.(?:hdr|obj)(\d+)-\d+")  # a raylet's: its pid, then a number
-
-
-def release_orphaned_semaphores(shm: Path = Path("/dev/shm")) -> list[Path]:
-    """Remove the semaphores of raylets that are gone (a run killed with -9 left them): only
-    files this user owns, named after a pid that is no running raylet, and mapped by no running
-    process. Return what was removed."""
-    try:
-        ours = [p for p in shm.glob("sem.*") if SEMAPHORE.fullmatch(p.name) and p.stat().st_uid == os.getuid()]
-    except OSError:
-        return []
-    gone = [p for p in ours if not _is_raylet(int(SEMAPHORE.fullmatch(p.name).group(1)))]
-    if not gone:
-        return []
-    mapped = _mapped_shm()
-    removed = []
-    for path in gone:
-        if path.name not in mapped:
-            with suppress(OSError):
-                path.unlink()
-                removed.append(path)
-    return removed
-
-
-def _is_raylet(pid: int) -> bool:
-    try:
-        return _pid_alive(pid) and b"raylet" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def _mapped_shm() -> set[str]:
-    """Names of the /dev/shm files some process has mapped (those it can read: its own)."""
-    names: set[str] = set()
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with suppress(OSError):
-                for line in (proc / "maps").read_text(errors="replace").splitlines():
-                    at = line.find("/dev/shm/")
-                    if at >= 0:
-                        names.add(line[at + 9:].split(" ")[0])
-    return names
-
-
-def _pid_alive(pid: int) -> bool:
-    """Running (a dead daemon stays a zombie until its parent, this process, reaps it)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")

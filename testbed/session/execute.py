@@ -48,7 +48,8 @@ from testbed.emulation.faults import (
 )
 from testbed.emulation.peers import weights
 from testbed.runtime.cluster import Cluster
-from testbed.runtime.rayprocs import RayMessages, end_ray_processes, silence_stderr
+from testbed.runtime.rayprocs import RayMessages, silence_stderr
+from testbed.runtime.reaper import end_ray_processes
 from testbed.session.evaluation import Evaluator
 from testbed.session.interrupts import INTERRUPTS, Interrupts
 from testbed.strategies.contract import StrategySpec

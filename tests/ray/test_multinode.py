@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import ray
 
-from testbed.allreduce.peer import RingPeer, ring_allreduce, wire_ring
-from testbed.runtime.rayprocs import release_semaphores, stop_ray
+from testbed.allreduce.peer import RingPeer, ring_allreduce
+from testbed.allreduce.wiring import wire_ring
+from testbed.runtime.rayprocs import stop_ray
+from testbed.runtime.reaper import release_semaphores
 from tests.ray.helpers import make_config
 
 pytestmark = pytest.mark.slow
@@ -31,10 +33,17 @@ def two_nodes():
     # test runs last, so usually none does
 
 
+def _buffer(length: int, seed: int, rank: int) -> np.ndarray:
+    """Rank's seeded buffer, made where it is used: passed as a call's argument, a megabyte buffer
+    is fetched from the driver's raylet before the call starts, a transfer of Ray's own that this
+    test of the ring should not depend on."""
+    return np.random.default_rng([seed, rank]).standard_normal(length).astype(np.float32)
+
+
 @ray.remote
 class _Peer(RingPeer):
-    def allreduce(self, buf: np.ndarray, tag: str) -> tuple[np.ndarray, bool]:
-        buf = buf.copy()
+    def allreduce(self, length: int, seed: int, tag: str) -> tuple[np.ndarray, bool]:
+        buf = _buffer(length, seed, self.rank)
         ring_allreduce(buf, self.rank, self.n, self.transport, tag)
         return buf, self._outgoing.sender is None
 
@@ -52,11 +61,9 @@ def test_ring_across_nodes_equals_numpy_sum():
         # links sized for the largest chunk, as a run sizes them (a run's links never grow;
         # growth is tested on one node in test_ring.py)
         wire_ring(peers, 120, nbytes=-(-300_000 // n) * 4)
-        rng = np.random.default_rng(5)
         for length in (1001, 300_000):  # bytes messages, then zero-copy tuples
-            bufs = [rng.standard_normal(length).astype(np.float32) for _ in range(n)]
-            outs = ray.get([p.allreduce.remote(b, f"x{length}") for p, b in zip(peers, bufs, strict=True)],
-                           timeout=120)
+            bufs = [_buffer(length, 5, r) for r in range(n)]
+            outs = ray.get([p.allreduce.remote(length, 5, f"x{length}") for p in peers], timeout=120)
             for res, polled in outs:
                 assert polled  # the reader is on the other node: no FIFO between them
                 np.testing.assert_allclose(res, np.sum(np.stack(bufs), axis=0), rtol=1e-5, atol=1e-5)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import ray
 
-from testbed.allreduce.peer import RingPeer, ring_allreduce, wire_ring
+from testbed.allreduce.peer import RingPeer, ring_allreduce
 from testbed.allreduce.ring import bytes_sent_per_rank, ideal_bytes_sent
+from testbed.allreduce.wiring import wire_ring
 from tests.ray.helpers import make_config, run_strategy
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.runtime.rayprocs import release_orphaned_semaphores
+from testbed.runtime.reaper import release_orphaned_semaphores
 
 WAIT_S = 180  # for Ray to start and the run to record its first updates on a busy machine
 

@@ -64,6 +64,7 @@ PURE = [
     "testbed.workloads.profiles", "testbed.run", "testbed.training.optim", "testbed.analysis.evals",
     "testbed.config.datafiles", "testbed.workloads.images", "testbed.workloads.language",
     "testbed.workloads.data", "testbed.map.grid", "testbed.map.table", "testbed.map.rank", "testbed.map.report",
+    "testbed.bench.report", "testbed.bench.judge",
     # every strategy's spec and the modules of its config sections
     *sorted({type(spec).__module__ for spec in SPECS.values()}),
     *sorted({cls.__module__ for spec in SPECS.values() for cls in spec.sections.values()}),
