@@ -15,41 +15,30 @@ from testbed.config.fields import ConfigError, opt
 from testbed.config.fields import parse_fields as _parse_fields
 from testbed.util import units
 
-AUTO = "auto"  # --dilation auto (NetworkConfig.auto_dilation)
-
-
-def parse_dilation(text: str) -> float | str:
-    """--dilation: a factor, or AUTO."""
-    if text.strip().lower() == AUTO:
-        return AUTO
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"--dilation {text!r}: use a factor >= 1, e.g. 10, or auto") from None
-
-
-def check_dilation(value: Any) -> str | None:
-    return None if value == AUTO else _FACTOR(value)
-
-
-_FACTOR = real(1, 100_000, fix="use a factor >= 1, e.g. 10, or auto")
-
-
-def parse_real_workers(text: str) -> int | str:
-    """--real-workers: a count, or AUTO."""
-    if text.strip().lower() == AUTO:
-        return AUTO
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"--real-workers {text!r}: use a count of workers >= 1, e.g. 8, or auto") from None
-
-
-def check_real_workers(value: Any) -> str | None:
-    return None if value == AUTO else _REAL_COUNT(value)
-
+AUTO = "auto"  # --dilation auto (NetworkConfig.auto_dilation), --real-workers auto
 MAX_WORKERS = 4096  # far past what one Ray cluster here can place; resources are checked later
-_REAL_COUNT = integer(1, MAX_WORKERS, "use a count of workers >= 1, e.g. 8, or auto")
+
+
+def _number_or_auto(flag: str, number: type, fix: str, check: Any) -> tuple[Any, Any]:
+    """(parse, check) of a flag that takes a number or AUTO: the text as `number` or AUTO, and
+    the number's range `check` (AUTO passes)."""
+    def parse(text: str) -> Any:
+        if text.strip().lower() == AUTO:
+            return AUTO
+        try:
+            return number(text)
+        except ValueError:
+            raise ValueError(f"{flag} {text!r}: {fix}") from None
+
+    return parse, lambda value: None if value == AUTO else check(value)
+
+
+# --dilation: a factor, or AUTO; --real-workers: a count, or AUTO
+_FACTOR_FIX, _COUNT_FIX = "use a factor >= 1, e.g. 10, or auto", "use a count of workers >= 1, e.g. 8, or auto"
+parse_dilation, check_dilation = _number_or_auto("--dilation", float, _FACTOR_FIX, real(1, 100_000, fix=_FACTOR_FIX))
+parse_real_workers, check_real_workers = _number_or_auto("--real-workers", int, _COUNT_FIX,
+                                                         integer(1, MAX_WORKERS, _COUNT_FIX))
+
 DEVICES = ("auto", "cpu", "cuda")
 PLACEMENTS = ("pack", "spread")
 
