@@ -1,10 +1,11 @@
 """The cost model beside the measurement: what a run's summary predicts, and why where it cannot.
 
 `predictions` asks the run's strategy spec (a `testbed.strategies.contract.StrategySpec`: its
-`predict`, `bytes_per_worker`, `synchronous` and `message_path`) on the link the run had -- the
+`predict`, `bytes_per_worker`, `synchronous`, `periodic` and `message_path`) on the link the run had -- the
 emulated network's settings, or a real network's calibration for the path its messages take --
 and sets the measured communication beside it: for a synchronous strategy the critical path's
-(`critical_comm_s`), for an asynchronous one the workers' mean. On an emulated network it also
+(`critical_comm_s`; its means where the strategy communicates on some iterations only), for an
+asynchronous one the workers' mean. On an emulated network it also
 says how much the emulation leaked (`emulation_leak_frac`) and what `--dilation` would hide it.
 Pure (numpy, pandas).
 """
@@ -21,15 +22,19 @@ from testbed.config.calibration import load_calibration
 from testbed.emulation.dilation import advice, faithful
 
 
-def critical_comm_s(steps: Any, updates: Any) -> float:
+def critical_comm_s(steps: Any, updates: Any, periodic: bool = False) -> float:
     """Median step interval minus the median of each step's slowest compute (sync strategies).
 
     What is not the slowest worker's compute is communication (and coordination) on the
     critical path. Medians keep the first, warm-up step from dominating short runs. It can
-    come out negative (compute that overlapped communication); it is not clamped.
+    come out negative (compute that overlapped communication); it is not clamped. A strategy
+    that communicates on some iterations only (`periodic`: local SGD averages every H-th) is
+    measured by the means instead: the median interval is one without communication.
     """
     t = np.sort(updates["t_applied"].to_numpy(dtype=float))
     intervals = np.diff(np.concatenate([[float(steps["t_start"].min())], t]))
+    if periodic:
+        return float(np.mean(intervals)) - float(slowest_compute(steps).mean())
     return float(np.median(intervals)) - float(slowest_compute(steps).median())
 
 
@@ -82,7 +87,8 @@ def _predict(out: dict[str, Any], spec: Any, cfg: RunConfig, summary: dict[str, 
         out["prediction_missing"] = "no model update was recorded"
         return out
     sync = spec.synchronous(cfg)
-    out["comm_s_per_step"] = critical_comm_s(steps, updates) if sync else float(steps["comm_s"].mean())
+    out["comm_s_per_step"] = (critical_comm_s(steps, updates, spec.periodic(cfg)) if sync
+                              else float(steps["comm_s"].mean()))
     if "grad_bytes_logical" not in extra:
         out["prediction_missing"] = "the strategy did not report its gradient size"
         return out

@@ -96,6 +96,11 @@ class StrategySpec(ABC):
         """True when a model update is one global step that every worker contributes to."""
         return True
 
+    def periodic(self, cfg: RunConfig) -> bool:
+        """True when its workers communicate on some iterations only (local SGD's averages): its
+        prediction is then a mean over the iterations, and so must its measurement be."""
+        return False
+
     def servers(self, cfg: RunConfig) -> int:
         """Actors besides the workers that it places (parameter-server shards)."""
         return 0
