@@ -122,7 +122,8 @@ SUMMARY = {
     "straggler_attribution": ("s", "`{rank: {ready_lag_s, wait_s}}`: how late the worker's gradient was "
                                    "ready at each sync point (vs the earliest), and how long it waited there"),
     "comm_s_per_step": ("s", "synchronous strategies: median step interval minus the median slowest "
-                             "compute (+ injected delay) per step, not clamped; asynchronous: mean `comm_s`"),
+                             "compute (+ injected delay) per step, not clamped (the means for local-sgd, "
+                             "which communicates on one step in H); asynchronous: mean `comm_s`"),
     "predicted_bytes_sent_per_worker_per_step": ("bytes", "the cost model's bytes a worker sends per "
                                                           "iteration, beside the measured mean"),
     "predicted_comm_s": ("s", "emulated or calibrated network: the alpha-beta model's communication "
