@@ -1,7 +1,7 @@
 """The cost model beside the measurement: what a run's summary predicts, and why where it cannot.
 
 `predictions` asks the run's strategy spec (a `testbed.strategies.contract.StrategySpec`: its
-`predict`, `bytes_per_worker`, `synchronous`, `periodic` and `message_path`) on the link the run had -- the
+`predict`, `bytes_per_worker`, `synchronous`, `period` and `message_path`) on the link the run had -- the
 emulated network's settings, or a real network's calibration for the path its messages take --
 and sets the measured communication beside it: for a synchronous strategy the critical path's
 (`critical_comm_s`; its means where the strategy communicates on some iterations only), for an
@@ -87,7 +87,7 @@ def _predict(out: dict[str, Any], spec: Any, cfg: RunConfig, summary: dict[str, 
         out["prediction_missing"] = "no model update was recorded"
         return out
     sync = spec.synchronous(cfg)
-    out["comm_s_per_step"] = (critical_comm_s(steps, updates, spec.periodic(cfg)) if sync
+    out["comm_s_per_step"] = (critical_comm_s(steps, updates, spec.period(cfg) > 1) if sync
                               else float(steps["comm_s"].mean()))
     if "grad_bytes_logical" not in extra:
         out["prediction_missing"] = "the strategy did not report its gradient size"

@@ -98,9 +98,9 @@ class LocalSGDSpec(StrategySpec):
                         f"{self.name} H={h} {outer}", exact=False)
                 for h in (4, 16) for outer in ("average", "nesterov")]
 
-    def periodic(self, cfg: RunConfig) -> bool:
-        """Averages on 1 iteration in H: measured by the mean step, as `predict` spreads them."""
-        return cfg.localsgd.local_steps > 1
+    def period(self, cfg: RunConfig) -> int:
+        """An average every H iterations: measured by the mean step, as `predict` spreads them."""
+        return cfg.localsgd.local_steps
 
     def plan(self, cfg: RunConfig, logical_sizes: list[int], backward_share: list[float] | None) -> dict[str, Any]:
         from testbed.allreduce.ring import make_buckets

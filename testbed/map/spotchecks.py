@@ -40,6 +40,7 @@ import pandas as pd
 from testbed.config import Payload, RunConfig, with_overrides
 from testbed.config.environment import AUTO
 from testbed.emulation.dilation import LEAK_LIMIT
+from testbed.map.table import whole_rounds
 from testbed.strategies.registry import SPECS
 
 TOLERANCE = 0.10  # measured step within 10% of the predicted step
@@ -122,8 +123,10 @@ def check_config(cfg: RunConfig, predicted_step_s: float, k_bytes: float, runs_d
     """cfg as a check runs it: few steps, scaled payload, the dilation searched, into runs_dir
     (its first trial's factor: `dilation_for` the predicted step)."""
     scale = min(1.0, PHYSICAL_BYTES / k_bytes)
-    steps = STEPS * per_step(cfg)  # STEPS worker iterations of every worker
-    return with_overrides(cfg, steps=steps, out=str(runs_dir), quiet=True,
+    # STEPS worker iterations of every worker, in whole rounds of a strategy that communicates
+    # on some iterations only (the map predicted its steady state: table.whole_rounds)
+    cfg = whole_rounds(SPECS[cfg.strategy], cfg, STEPS * per_step(cfg))
+    return with_overrides(cfg, out=str(runs_dir), quiet=True,
                           **{"workload.payload": Payload(scale), "network.dilation": AUTO,
                              "network.fidelity_budget_s": CHECK_BUDGET_S})
 
@@ -157,7 +160,8 @@ def judge(cfg: RunConfig, predicted_step_s: float, summary: dict[str, Any] | Non
     # a synchronous update is one step of all N workers: its median interval is the step. An
     # asynchronous one is one worker's gradient, N of them per worker iteration (the map's step),
     # arriving in bursts whose median interval says little: their mean interval times N
-    if per_step(cfg) == 1:
+    # (a strategy that communicates on some iterations only: its mean interval, as it is predicted)
+    if per_step(cfg) == 1 and SPECS[cfg.strategy].period(cfg) == 1:
         measured = float(summary["step_time_p50_s"])
     else:
         measured = float(summary.get("step_time_mean_s") or summary["step_time_p50_s"]) * per_step(cfg)

@@ -57,10 +57,19 @@ def configurations(base: RunConfig, n: int, node_size: int | None = None) -> lis
             own = with_overrides(own, **{"ring.node_size": node_size})
         for variant in spec.map_variants(own):
             try:
-                out.append(Configuration(spec, variant, validate(with_overrides(own, **variant.overrides), SPECS)))
+                cfg = whole_rounds(spec, with_overrides(own, **variant.overrides))
+                out.append(Configuration(spec, variant, validate(cfg, SPECS)))
             except ConfigError as exc:
                 out.append(Configuration(spec, variant, None, str(exc)))
     return out
+
+
+def whole_rounds(spec: StrategySpec, cfg: RunConfig, steps: int | None = None) -> RunConfig:
+    """cfg with `steps` (its own by default) rounded up to whole communication rounds of the
+    strategy (`period`): a prediction spread over the iterations is then the steady state's, one
+    round in H, in the map and in a check alike."""
+    period, steps = spec.period(cfg), cfg.steps if steps is None else steps
+    return with_overrides(cfg, steps=period * -(-steps // period))
 
 
 def link_of(spec: StrategySpec, cfg: RunConfig, latency: str, bandwidth: str,

@@ -96,10 +96,11 @@ class StrategySpec(ABC):
         """True when a model update is one global step that every worker contributes to."""
         return True
 
-    def periodic(self, cfg: RunConfig) -> bool:
-        """True when its workers communicate on some iterations only (local SGD's averages): its
-        prediction is then a mean over the iterations, and so must its measurement be."""
-        return False
+    def period(self, cfg: RunConfig) -> int:
+        """Iterations per communication round: 1 where the workers communicate every iteration,
+        H for local SGD's averages. Above 1 its prediction is a mean over the iterations, and so
+        is its measurement; a check (`testbed.map`) runs whole rounds."""
+        return 1
 
     def servers(self, cfg: RunConfig) -> int:
         """Actors besides the workers that it places (parameter-server shards)."""

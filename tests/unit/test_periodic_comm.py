@@ -2,11 +2,15 @@
 measured by the mean step, as its prediction spreads the averages over the iterations; the
 median step would be one without communication (testbed.analysis.predict.critical_comm_s)."""
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
 from testbed.analysis.predict import critical_comm_s
 from testbed.config import RunConfig, with_overrides
+from testbed.map.spotchecks import STEPS, check_config
+from testbed.map.table import whole_rounds
 from testbed.strategies.registry import SPECS
 
 
@@ -28,8 +32,24 @@ def test_the_mean_step_counts_the_averages_the_median_step_misses():
     assert critical_comm_s(steps, updates, periodic=True) == pytest.approx(2 * 0.4 / 8)  # R/S of one
 
 
-def test_local_sgd_is_periodic_with_rounds_longer_than_one_step_and_the_others_are_not():
+def _local(h: int, steps: int = 100) -> RunConfig:
+    return with_overrides(RunConfig(strategy="local-sgd"), steps=steps, **{"localsgd.local_steps": h})
+
+
+def test_local_sgd_communicates_once_a_round_and_the_others_every_iteration():
+    assert SPECS["local-sgd"].period(_local(4)) == 4 and SPECS["local-sgd"].period(_local(1)) == 1
+    assert all(s.period(RunConfig(strategy=name)) == 1 for name, s in SPECS.items() if name != "local-sgd")
+
+
+@pytest.mark.parametrize("h", [1, 4, 16])
+def test_the_map_and_its_checks_predict_whole_rounds_so_their_plans_agree(h):
+    """The map predicts a configuration over whole rounds (its steady state, one average in H)
+    and a check runs whole rounds: the same R/S, so a check's own prediction is the map's."""
     spec = SPECS["local-sgd"]
-    assert spec.periodic(with_overrides(RunConfig(strategy="local-sgd"), **{"localsgd.local_steps": 4}))
-    assert not spec.periodic(with_overrides(RunConfig(strategy="local-sgd"), **{"localsgd.local_steps": 1}))
-    assert not any(s.periodic(RunConfig(strategy=name)) for name, s in SPECS.items() if name != "local-sgd")
+    mapped = whole_rounds(spec, _local(h))
+    assert mapped.steps % h == 0 and mapped.steps >= 100
+    checked = check_config(mapped, 1.0, 2**30, Path("/tmp"))
+    assert checked.steps % h == 0 and checked.steps >= STEPS
+    pred = {s: spec.predict(c, {"grad_bytes_logical": 2**27, "buckets": 1}, 5e-5, 1.25e9).comm_s
+            for s, c in (("map", mapped), ("check", checked))}
+    assert pred["map"] == pytest.approx(pred["check"])
