@@ -44,7 +44,7 @@ One node: a ring buffer, many messages deep (`shm.Sender` and `shm.Receiver`):
   `RemoteTimeout`) at least every CHECK_S.
 - The message carries its tag; a receiver that gets another tag than its schedule expects
   raises at once instead of adding the wrong chunk.
-- A message larger than half the ring moves the link to a new segment (`shm.Sender`); a
+- A message larger than the ring allows (`shm.ROOM` of it) moves the link to a new segment; a
   channel is re-created by Ray, which tells the reader through the old one (that rare write
   waits in Ray's own blocking call).
 - Recovery rebuilds every link (`wiring.wire_ring`), so nothing of an aborted attempt is read.
@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed.allreduce.shm import CHECK_S, SMALL_BYTES, Receiver, Sender, checked
+from testbed.allreduce.shm import CHECK_S, ROOM, SMALL_BYTES, Receiver, Sender, checked
 from testbed.runtime.remote import RemoteTimeout
 
 SPIN_S = 5e-5
@@ -77,8 +77,8 @@ HEADROOM = 4096  # tag, departure stamp and pickle framing around the chunk
 
 
 class Outgoing:
-    """The writer's end of a link: with the reader on this node a `shm.Sender` (a ring of at
-    least two of the largest messages), else a Ray channel.
+    """The writer's end of a link: with the reader on this node a `shm.Sender` (a ring of ROOM
+    of the largest messages), else a Ray channel.
 
     Create it on the writer actor (Ray lets only a channel's writer create it) and hand
     `reader_end()` to the reader.
@@ -89,7 +89,7 @@ class Outgoing:
         self.channel: Any = None
         self.sender: Sender | None = None
         if reader_node == ray.get_runtime_context().get_node_id():
-            self.sender = Sender(2 * capacity)
+            self.sender = Sender(ROOM * capacity)
         else:
             from ray.experimental.channel.shared_memory_channel import Channel
 

@@ -107,6 +107,7 @@ class Segment:
 ALIGN = 64  # every message starts on a cache line, and so does its data
 FRAME = struct.Struct("<II")  # header length (or WRAP), data length
 WRAP = 0xFFFFFFFF  # "the next message is at offset 0"
+ROOM = 2  # the largest messages a ring holds at once: one being read, the next being written
 MAX_DEPTH = 1024  # messages out at once: their wake and ack bytes stay far below a pipe's capacity
 
 
@@ -136,8 +137,8 @@ class Sender:
     its WRAP frame included -- pops one per byte). The writer reads acks only when the ring is
     full (or holds MAX_DEPTH messages), all that came at once, and waits only if none came.
 
-    Capacity is at least twice the largest message, so a message always fits once the ring is
-    empty. A message larger than half the ring moves the link: the writer waits until the
+    Capacity is at least ROOM times the largest message, so a message always fits once the ring
+    is empty. A message larger than that allows moves the link: the writer waits until the
     reader has released everything, puts a frame whose moved-to names a new segment twice that
     size, and writes the message at its start (one wake still; the reader follows and unmaps
     the old one).
@@ -159,8 +160,8 @@ class Sender:
         head = pickle.dumps((tag, departure, data.dtype.str, data.shape, None), protocol=pickle.HIGHEST_PROTOCOL)
         size = footprint(len(head), data.nbytes)
         what = f"send of {tag}"
-        if 2 * size > self.segment.capacity:
-            self._move(2 * size, tag, timeout, aborted)
+        if ROOM * size > self.segment.capacity:
+            self._move(ROOM * size, tag, timeout, aborted)
         if data.nbytes > SMALL_BYTES:  # worth a syscall: if the ring is empty, start it again
             self._released(0.0, timeout, aborted, what, wait=False)
         t0 = time.monotonic()
@@ -289,13 +290,6 @@ class Receiver:
         for fd in (self.wake, self.ack):
             os.close(fd)
         self.segment.close()
-
-
-def notify(fd: int | None) -> None:
-    """Write one signal byte. At depth one a FIFO holds at most a byte or two, so a full
-    pipe means the counts are broken: fail loudly rather than lose a wake-up."""
-    if fd is not None:
-        os.write(fd, b"!")
 
 
 def checked(t0: float, timeout: float, aborted: Callable[[], bool], what: str) -> float:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.bench.report import machine_line
+from testbed.bench.report import hardware_line, load_line, meets
 from testbed.config import ConfigError
 from testbed.util.units import format_bytes, format_seconds
 
@@ -66,9 +66,8 @@ def judge(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         values = [t["value"] for t in found]
         median = float(np.median(values))
-        bound, above = found[0]["bound"], found[0]["above"]
         out.append({"name": name, "values": values, "median": median, "goal": found[0]["goal"],
-                    "met": median >= bound if above else median <= bound,
+                    "met": meets(median, found[0]["bound"], found[0]["above"]),
                     "runs_met": sum(t["met"] for t in found)})
     return out
 
@@ -86,14 +85,6 @@ def beside(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append({"workers": n, "size_bytes": size, "method": method,
                         "times_s": [r["median_s"] for r in rows], "cpus_s": [r["cpu_s_median"] for r in rows]})
     return out
-
-
-def _load_line(m: dict[str, Any]) -> str:
-    before, other = m.get("busy_before"), m.get("other_cpu_share")
-    if before is None or other is None:
-        return "load not measured"
-    return (f"the CPUs {before:.0%} busy before it; processes other than the benchmark's (Ray daemons "
-            f"included) used {other:.0%} of them during it")
 
 
 def _without_out(command: list[str]) -> list[str]:
@@ -120,8 +111,8 @@ def markdown(docs: list[dict[str, Any]], judged: list[dict[str, Any]], paths: li
              f"Made by `python -m testbed.bench targets {' '.join(os.path.basename(p) for p in paths)}`; "
              f"each run by `{' '.join(_without_out(docs[0]['command']))} --out RUN.json` "
              "([performance.md](../performance.md)).", "",
-             f"- {machine_line(docs[0]['machine']).splitlines()[0]}"]
-    lines += [f"- run {i + 1}: {_load_line(d['machine'])}" for i, d in enumerate(docs)]
+             f"- {hardware_line(docs[0]['machine'])}"]
+    lines += [f"- run {i + 1}: {load_line(d['machine']) or 'load not measured'}" for i, d in enumerate(docs)]
     lines += ["", f"| target | {runs} | median | goal | median meets it |",
               "|---|" + "---|" * k + "---|---|---|"]
     for t in judged:

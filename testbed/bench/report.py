@@ -51,10 +51,14 @@ def format_latency(lat: dict[str, Any]) -> str:
             f"{lat['ratio']:.2f}x (its CPU alone needs >= {format_seconds(lat['cpu_floor_s'])} on these cores)")
 
 
+def meets(value: float, bound: float, above: bool) -> bool:
+    """A target's rule: value >= bound (`above`) or value <= bound."""
+    return value >= bound if above else value <= bound
+
+
 def _target(name: str, value: float, bound: float, above: bool) -> dict[str, Any]:
-    """A target's entry: met when value >= bound (`above`) or value <= bound."""
     return {"name": name, "value": value, "bound": bound, "above": above,
-            "goal": f"{'>=' if above else '<='} {bound:g}", "met": value >= bound if above else value <= bound}
+            "goal": f"{'>=' if above else '<='} {bound:g}", "met": meets(value, bound, above)}
 
 
 def targets(rows: list[dict[str, Any]], lats: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -83,16 +87,26 @@ def targets(rows: list[dict[str, Any]], lats: list[dict[str, Any]]) -> list[dict
     return out
 
 
-def machine_line(m: dict[str, Any]) -> str:
-    line = (f"machine: {m['cpus']} CPUs, {m['memory_bytes'] / 2**30:.0f} GiB, {m['platform']}; "
+def hardware_line(m: dict[str, Any]) -> str:
+    return (f"machine: {m['cpus']} CPUs, {m['memory_bytes'] / 2**30:.0f} GiB, {m['platform']}; "
             f"python {m['python']}, numpy {m['numpy']}, torch {m['torch']}, ray {m['ray']}")
+
+
+def load_line(m: dict[str, Any]) -> str | None:
+    """How busy the machine was around the run; None where it was not measured."""
     before, other = m.get("busy_before"), m.get("other_cpu_share")
-    if before is not None and other is not None:
-        line += (f"\nmachine load: {before:.0%} of the CPUs busy before the run; processes other than "
-                 f"the benchmark's (Ray daemons included) used {other:.0%} of them during it")
-        if max(before, other) > 0.25:
-            line += " -- BUSY machine: numbers include foreign contention; rerun when quiet"
+    if before is None or other is None:
+        return None
+    line = (f"{before:.0%} of the CPUs busy before the run; processes other than the benchmark's "
+            f"(Ray daemons included) used {other:.0%} of them during it")
+    if max(before, other) > 0.25:
+        line += " -- BUSY machine: numbers include foreign contention; rerun when quiet"
     return line
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    load = load_line(m)
+    return hardware_line(m) + ("" if load is None else f"\nmachine load: {load}")
 
 
 def derive(n: int, size: int, method: str, m: dict[str, Any]) -> dict[str, Any]:

@@ -178,7 +178,7 @@ def test_a_ring_delivers_every_message_in_order_whatever_wraps_fills_or_moves(ca
     for (tag, dep, chunk), (etag, edep, expect) in zip(got, sent, strict=True):
         assert (tag, dep) == (etag, edep)
         np.testing.assert_array_equal(chunk, expect)
-    moves = 2 * shm.footprint(100, 4 * big) > capacity
+    moves = shm.ROOM * shm.footprint(100, 4 * big) > capacity
     assert (sender.segment.capacity > capacity) == moves
     receiver.close()
     sender.close()
@@ -199,7 +199,7 @@ def test_a_large_message_is_read_in_place_and_its_room_waits_for_the_release():
     """A chunk above SMALL_BYTES is a view of the ring, pinned until `release`: the writer
     may not write over it before then, and the view outlives the ring's unmapping."""
     big = np.random.default_rng(1).standard_normal(SMALL_BYTES // 4 + 1).astype(np.float32)
-    sender, receiver = _ends(2 * shm.footprint(100, big.nbytes))  # room for two
+    sender, receiver = _ends(shm.ROOM * shm.footprint(100, big.nbytes))  # room for ROOM (two) of them
     sender.send("a", None, big, 1, lambda: False)
     sender.send("b", None, big, 1, lambda: False)
     tag, _, got = receiver.recv(1, lambda: False, "m")
