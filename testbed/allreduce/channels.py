@@ -229,13 +229,15 @@ class Link:
             self.receiver.release()
 
     def send(self, tag: Any, departure: float | None, chunk: np.ndarray) -> None:
-        self._released()
-        if self.out_slot is not None:
-            self.out_slot.put(tag, departure, chunk, self.timeout, self.aborted)
-            return
-        sender = self._outgoing.sender
+        receiver = self.receiver
+        if receiver is not None and receiver.pinned:  # _released, inline: this runs every hop
+            receiver.release()
+        sender = None if self.out_slot else self._outgoing.sender  # None once the Outgoing is closed
         if sender is not None:  # one node
             sender.send(tag, departure, chunk, self.timeout, self.aborted)
+            return
+        if self.out_slot is not None:
+            self.out_slot.put(tag, departure, chunk, self.timeout, self.aborted)
             return
         value = self._serialize(encode(tag, departure, chunk))  # once, not once per try
         size = value.total_bytes + len(value.metadata)
@@ -253,14 +255,18 @@ class Link:
 
     def recv(self, tag: Any) -> tuple[float | None, np.ndarray]:
         """(departure, chunk) of the next message, which must carry `tag`."""
-        self._released()
-        if self.in_slot is not None:
-            got, departure, chunk = self.in_slot.take(self.timeout, self.aborted, f"message {tag}")
-        elif self.receiver is not None:
-            got, departure, chunk = self.receiver.recv(self.timeout, self.aborted, f"message {tag}")
+        receiver = self.receiver
+        if receiver is not None:  # one node
+            if receiver.pinned:
+                receiver.release()
+            got, departure, chunk = receiver.recv(self.timeout, self.aborted, tag)
         else:
-            message = poll(lambda: self.inp.read(timeout=0), self.timeout, self.aborted, f"message {tag}")
-            got, departure, chunk = decode(message)
+            self._released()
+            if self.in_slot is not None:
+                got, departure, chunk = self.in_slot.take(self.timeout, self.aborted, f"message {tag}")
+            else:
+                message = poll(lambda: self.inp.read(timeout=0), self.timeout, self.aborted, f"message {tag}")
+                got, departure, chunk = decode(message)
         if got != tag:
             raise RuntimeError(f"ring link out of step: expected message {tag}, got {got}")
         return departure, chunk

@@ -111,8 +111,11 @@ ROOM = 2  # the largest messages a ring holds at once: one being read, the next 
 MAX_DEPTH = 1024  # messages out at once: their wake and ack bytes stay far below a pipe's capacity
 
 
+_UP = ALIGN - 1  # ALIGN is a power of two: (n + _UP) & ~_UP rounds n up to a multiple of it
+
+
 def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+    return (n + _UP) & ~_UP
 
 
 def footprint(header: int, data: int) -> int:
@@ -157,16 +160,19 @@ class Sender:
              aborted: Callable[[], bool]) -> None:
         """Put one message in the ring and wake the reader; wait while there is no room."""
         data = np.ascontiguousarray(chunk)
-        head = pickle.dumps((tag, departure, data.dtype.str, data.shape, None), protocol=pickle.HIGHEST_PROTOCOL)
-        size = footprint(len(head), data.nbytes)
-        what = f"send of {tag}"
+        nbytes = data.nbytes
+        head = pickle.dumps((tag, departure, data.dtype.str, chunk.shape, None),  # (1-D data of a 0-d chunk)
+                            protocol=pickle.HIGHEST_PROTOCOL)
+        size = ((FRAME.size + len(head) + _UP) & ~_UP) + ((nbytes + _UP) & ~_UP)  # footprint(), inline
         if ROOM * size > self.segment.capacity:
             self._move(ROOM * size, tag, timeout, aborted)
-        if data.nbytes > SMALL_BYTES:  # worth a syscall: if the ring is empty, start it again
-            self._released(0.0, timeout, aborted, what, wait=False)
-        t0 = time.monotonic()
-        while (at := self._fit(size)) is None:
-            self._released(t0, timeout, aborted, what)
+        if nbytes > SMALL_BYTES:  # worth a syscall: if the ring is empty, start it again
+            self._released(0.0, timeout, aborted, "", wait=False)
+        at = self._fit(size)
+        if at is None:
+            t0 = time.monotonic()
+            while (at := self._fit(size)) is None:
+                self._released(t0, timeout, aborted, f"send of {tag}")
         self._put(at, head, data)
         os.write(self.wake.fd, b"!")
 
@@ -191,13 +197,14 @@ class Sender:
         buf = self.segment.buf
         if o != begins:
             FRAME.pack_into(buf, begins, WRAP, 0)
-        FRAME.pack_into(buf, o, len(head), data.nbytes)
-        buf[o + FRAME.size:o + FRAME.size + len(head)] = head
-        d0 = o + _aligned(FRAME.size + len(head))
-        if data.nbytes:
-            np.frombuffer(buf, np.uint8, data.nbytes, d0)[:] = data.reshape(-1).view(np.uint8)
+        nbytes = data.nbytes
+        FRAME.pack_into(buf, o, len(head), nbytes)
+        h0 = o + FRAME.size
+        buf[h0:h0 + len(head)] = head
+        d0 = (h0 + len(head) + _UP) & ~_UP
+        buf[d0:d0 + nbytes] = data  # the array's bytes (C-contiguous): one memcpy
         self.starts.append(begins)
-        end = d0 + _aligned(data.nbytes)
+        end = d0 + ((nbytes + _UP) & ~_UP)
         self.head = 0 if end >= self.segment.capacity else end
 
     def _released(self, t0: float, timeout: float, aborted: Callable[[], bool], what: str,
@@ -255,13 +262,14 @@ class Receiver:
             os.write(self.ack, b"!")
             self.pinned = False
 
-    def recv(self, timeout: float, aborted: Callable[[], bool], what: str) -> tuple[Any, float | None, np.ndarray]:
-        """(tag, departure, chunk) of the next message, waiting for it."""
+    def recv(self, timeout: float, aborted: Callable[[], bool], expected: Any) -> tuple[Any, float | None, np.ndarray]:
+        """(tag, departure, chunk) of the next message, waiting for it (`expected`: the tag
+        the caller expects, named if the wait fails)."""
         if not self.ready:
             try:
                 got = os.read(self.wake, 4096)
             except BlockingIOError:
-                got = wait_bytes(self.wake, time.monotonic(), timeout, aborted, what)
+                got = wait_bytes(self.wake, time.monotonic(), timeout, aborted, f"message {expected}")
             self.ready = len(got)
         self.ready -= 1
         buf = self.segment.buf
@@ -270,26 +278,39 @@ class Receiver:
         if h == WRAP:
             o = 0
             h, d = FRAME.unpack_from(buf, o)
-        tag, departure, dtype, shape, moved = pickle.loads(buf[o + FRAME.size:o + FRAME.size + h])
+        h0 = o + FRAME.size
+        tag, departure, dtype, shape, moved = pickle.loads(buf[h0:h0 + h])
         if moved is not None:  # the sender outgrew the ring: the message starts the next one
             old, self.segment = self.segment, Segment.attach(*moved)
             old.close()
             self.pos, self.ready = 0, self.ready + 1
-            return self.recv(timeout, aborted, what)
-        d0 = o + _aligned(FRAME.size + h)
-        view = np.frombuffer(buf, np.uint8, d, d0)
-        end = d0 + _aligned(d)
+            return self.recv(timeout, aborted, expected)
+        d0 = (h0 + h + _UP) & ~_UP
+        end = d0 + ((d + _UP) & ~_UP)
         self.pos = 0 if end >= self.segment.capacity else end
+        dt = _dtype(dtype)
+        chunk = np.frombuffer(buf, dt, d // dt.itemsize if dt.itemsize else 0, d0)
         self.pinned = d > SMALL_BYTES
         if not self.pinned:
-            view = view.copy()
+            chunk = chunk.copy()
             os.write(self.ack, b"!")
-        return tag, departure, view.view(dtype).reshape(shape)
+        return tag, departure, chunk if len(shape) == 1 else chunk.reshape(shape)
 
     def close(self) -> None:
         for fd in (self.wake, self.ack):
             os.close(fd)
         self.segment.close()
+
+
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def _dtype(name: str) -> np.dtype:
+    """np.dtype(name), made once per name."""
+    dt = _DTYPES.get(name)
+    if dt is None:
+        dt = _DTYPES[name] = np.dtype(name)
+    return dt
 
 
 def checked(t0: float, timeout: float, aborted: Callable[[], bool], what: str) -> float:

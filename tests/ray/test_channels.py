@@ -195,6 +195,26 @@ def test_a_ring_holds_many_small_messages_before_any_is_read():
     sender.close()
 
 
+@pytest.mark.parametrize("shape, dtype", [((0,), np.float32), ((), np.float64), ((3, 5), np.float16),
+                                          ((2, 0, 3), np.int64), ((7,), np.uint8),
+                                          ((SMALL_BYTES // 4 + 1,), np.float32), ((600, 300), np.int32)])
+def test_a_ring_message_keeps_its_dtype_shape_and_bytes(shape, dtype):
+    """What arrives is the array sent: same dtype, shape and bytes, small (a private, writable
+    copy) or large (a view of the ring) alike."""
+    sender, receiver = _ends(channels.MIN_BYTES)
+    chunk = np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
+    sender.send("t", 1.5, chunk, 1, lambda: False)
+    tag, departure, got = receiver.recv(1, lambda: False, "t")
+    assert (tag, departure, got.dtype, got.shape) == ("t", 1.5, chunk.dtype, chunk.shape)
+    np.testing.assert_array_equal(got, chunk)
+    if chunk.nbytes <= SMALL_BYTES:
+        assert got.flags.writeable and not receiver.pinned
+    del got
+    receiver.release()
+    receiver.close()
+    sender.close()
+
+
 def test_a_large_message_is_read_in_place_and_its_room_waits_for_the_release():
     """A chunk above SMALL_BYTES is a view of the ring, pinned until `release`: the writer
     may not write over it before then, and the view outlives the ring's unmapping."""
