@@ -31,6 +31,7 @@ class LocalSGDPeer(RingPeer):
         """One local step; at the end of a round, the average and the outer step."""
         t_start = time.time()
         self.attempt = attempt
+        self._deferred = None
         if self.anchor is None:
             self.anchor = self.workload.get_params()
         batch = self.workload.batch(self.rank, iteration)
@@ -59,6 +60,8 @@ class LocalSGDPeer(RingPeer):
             self.anchor = self.outer.step(self.anchor, self.workload.get_params())
             self.workload.set_params(self.anchor)
         t_end = time.time()
+        if self._deferred is not None:  # emulated peers: the average ends at the model's end of its last bucket
+            t_end = self._finish_deferred(bucket_s)
         extra = {"params": self.workload.get_params()} if send_params else {}
         return self.report({**extra, **info, "t_start": t_start, "comm_s": t_end - t_a1,
                             "apply_s": (t_a1 - t_a0), "bucket_s": bucket_s,

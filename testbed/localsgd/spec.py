@@ -21,6 +21,7 @@ import numpy as np
 from testbed.allreduce.algorithms import ALGORITHMS
 from testbed.allreduce.spec import RING, allreduce_comm_s
 from testbed.config import RunConfig, fail
+from testbed.emulation.peers import owner
 from testbed.localsgd.config import LocalSGDConfig
 from testbed.localsgd.outer import OuterStep, ends_round, rounds
 from testbed.strategies.contract import Equivalence, Prediction, Strategy, StrategySpec, Variant
@@ -48,6 +49,8 @@ EQUIVALENCE = (
     Equivalence(3, {**tiny.SMALL_BUCKETS, "localsgd.local_steps": 1}),
     Equivalence(3, {**tiny.SMALL_BUCKETS, "localsgd.local_steps": 2, "workload.optimizer": "adam",
                     "workload.lr": 0.01}),
+    Equivalence(5, {**tiny.SMALL_BUCKETS, "localsgd.local_steps": 2, "network.bandwidth": "10Gbit",
+                    "cluster.real_workers": 2}),  # three emulated peers, played by the two real workers
     Equivalence(4, {**tiny.SYN, "localsgd.local_steps": 2, "localsgd.outer_optimizer": "nesterov",
                     "ring.algorithm": next(a for a, e in ALGORITHMS.items() if not e.neighbour_exchange),
                     "cluster.workers_per_process": 2}),  # an any-pair algorithm, two workers a process
@@ -74,6 +77,18 @@ class LocalSGDSpec(StrategySpec):
 
     def cannot_share_processes(self, cfg: RunConfig) -> str | None:
         return None  # neighbours in one process share a slot, as the ring's do
+
+    def cannot_emulate_peers(self, cfg: RunConfig) -> str | None:
+        """The average is the ring's allreduce, so it plays emulated peers as the ring does
+        (testbed.allreduce.relay): an emulated peer's replica is a copy of its real owner's (it
+        takes the owner's local steps on the owner's batches), and the mean weighs each real
+        replica by the positions it stands for. Stragglers are the exception: a peer's lag builds
+        up over a round's H local steps, and the relay takes one iteration's delays."""
+        if cfg.ring.algorithm != "ring":
+            return f"plays emulated peers with --algorithm ring (got --algorithm {cfg.ring.algorithm})"
+        if cfg.straggler.items:
+            return "plays emulated peers without --straggler (a peer's lag builds up over a round's local steps)"
+        return None
 
     def validate(self, cfg: RunConfig) -> None:
         own = cfg.localsgd
@@ -129,27 +144,29 @@ class LocalSGDSpec(StrategySpec):
     def reference(self, cfg: RunConfig, device: str = "cpu") -> np.ndarray | None:
         """Local SGD in one process: N replicas, each with its own optimizer state, stepped in
         rank order; at the end of a round the mean (rank order) and the outer step. With H = 1
-        and `average` it is plain SGD, and the plain reference is used."""
+        and `average` it is plain SGD, and the plain reference is used. With emulated peers
+        (--real-workers K < N) only the K real replicas step, and position x adds its owner's."""
         own = cfg.localsgd
         if own.local_steps == 1 and own.outer_optimizer == "average":
             return None
         model = make_workload(replace(cfg.workload, compute_ms=0.0), seed=cfg.seed, workers=cfg.workers,
                               device=device)
         anchor = model.get_params()
-        replicas = [anchor.copy() for _ in range(cfg.workers)]
-        optimizers = [Optimizer(optimizer_for(cfg.workload)) for _ in range(cfg.workers)]
+        real = sorted({owner(cfg.workers, cfg.real_workers, x) for x in range(cfg.workers)})  # all, or the real
+        replicas = {r: anchor.copy() for r in real}
+        optimizers = {r: Optimizer(optimizer_for(cfg.workload)) for r in real}
         outer = OuterStep(own.outer_optimizer, own.outer_lr, own.outer_momentum)
         for t in range(cfg.steps):
-            for r in range(cfg.workers):
+            for r in real:
                 model.set_params(replicas[r])
                 grad = np.asarray(model.gradient(model.batch(r, t))[0], dtype=np.float32)
                 optimizers[r].step(replicas[r], grad)
             if ends_round(t, own.local_steps, cfg.steps):
                 total = np.zeros_like(anchor)
-                for p in replicas:
-                    total += p
+                for x in range(cfg.workers):  # an emulated peer's replica is its owner's (emulation.peers)
+                    total += replicas[owner(cfg.workers, cfg.real_workers, x)]
                 anchor = outer.step(anchor, total / cfg.workers)
-                replicas = [anchor.copy() for _ in range(cfg.workers)]
+                replicas = {r: anchor.copy() for r in real}
         return anchor
 
 

@@ -30,7 +30,7 @@ class LocalSGD(RingAllreduce):
         averaged = [sum(b) for b in self.bucket_s if any(b)]
         return {
             "grad_bytes_logical": self.grad_bytes, "local_steps": own.local_steps,
-            "averages": len(averaged) // self.config.workers,
+            "averages": len(averaged) // self.config.real_workers,  # one row per real worker a round
             "average_s_p50": float(np.median(averaged)) if averaged else 0.0,
             "outer_optimizer": own.outer_optimizer, "buckets": self.num_buckets,
             "algorithm": self.config.ring.algorithm, "nodes": len(self.groups),

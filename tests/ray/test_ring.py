@@ -184,3 +184,20 @@ def test_a_straggling_emulated_peer_holds_the_ring_back():
     out = run_strategy(make_config(**base, straggler="fixed:worker=5,delay=300ms"))
     assert out["summary"]["step_time_p50_s"] >= 0.3
     assert (out["steps"]["injected_delay_s"] == 0).all()  # neither real worker straggled
+
+
+def test_local_sgd_with_emulated_peers_averages_the_owners_replicas_once_a_round():
+    """local-sgd builds on the ring: two real workers play six positions, and the run is local
+    SGD in one process where a peer's replica is its owner's (LocalSGDSpec.reference)."""
+    from testbed.strategies.registry import SPECS
+
+    cfg = make_config(strategy="local-sgd", workers=6, steps=5,
+                      **{"localsgd.local_steps": 2, "network.bandwidth": "10Gbit", "cluster.real_workers": 2})
+    out = run_strategy(cfg)
+    np.testing.assert_allclose(out["flat"], SPECS["local-sgd"].reference(cfg), rtol=1e-5, atol=1e-6)
+    steps = out["steps"]
+    assert sorted(set(steps["worker"])) == [0, 3]  # the real workers, under their positions
+    assert out["summary"]["real_workers"] == 2
+    assert out["summary"]["averages"] == 3  # rounds end after iterations 1, 3 and the last, 4
+    averaging = steps["iteration"].isin([1, 3, 4])
+    assert (steps[averaging]["bytes_sent"] > 0).all() and (steps[~averaging]["bytes_sent"] == 0).all()
