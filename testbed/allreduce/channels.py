@@ -47,6 +47,18 @@ One node: a ring buffer, many messages deep (`shm.Sender` and `shm.Receiver`):
 - A message larger than the ring allows (`shm.ROOM` of it) moves the link to a new segment; a
   channel is re-created by Ray, which tells the reader through the old one (that rare write
   waits in Ray's own blocking call).
+- Computed sends (`Link.send_computed`): the ring's scatter-reduce writes its partial sum, and
+  its allgather the chunk it forwards, straight into the room of the next message
+  (`Sender.reserve`, then `commit`), instead of into the buffer and then copied into the ring
+  (`collectives.py` counts the passes). The peer reserves while it still holds the chunk it
+  read, so it may wait for room holding a pinned view. That cannot close a cycle. A ring holds
+  three of the largest messages, so it has room while at most one of ours is unreleased
+  (`shm.Sender`). A peer sending step s whose right neighbour is sending step s' (and holds
+  our step s' - 1) has s - s' + 1 of ours unreleased, so it waits only if s > s'; a peer
+  waiting to receive step s has sent its step s, so its left neighbour, not having sent step
+  s yet, is not ahead of it either. The differences s - s' add up to 0 around the ring, so not
+  every peer can be waiting. A message that would move the link (which needs the ring empty)
+  is computed elsewhere and sent.
 - Recovery rebuilds every link (`wiring.wire_ring`), so nothing of an aborted attempt is read.
 - Names in /dev/shm and the FIFOs' in the temporary folder live only until the reader attaches
   (or the writer closes a link nobody attached).
@@ -252,6 +264,33 @@ class Link:
                                     "the neighbouring peer may be dead or hung") from None
         else:
             poll(lambda: self.out.write(value, timeout=0), self.timeout, self.aborted, f"send of {tag}")
+
+    @property
+    def computes(self) -> bool:
+        """Whether `send_computed` writes into the ring: both neighbours share this node (a shm
+        ring each way; a Ray channel's received view must be dropped before the next send)."""
+        return self.receiver is not None and self.out_slot is None and self._outgoing.sender is not None
+
+    def send_computed(self, tag: Any, departure: float | None, dtype: np.dtype, numel: int,
+                      fill: Callable[[np.ndarray], Any]) -> None:
+        """Send a message that `fill(out)` computes into `out` (numel elements of dtype): on one
+        node `out` is the message's room in the ring, so the result is written once, where the
+        reader reads it; elsewhere a new array, then sent. `fill` may read the last chunk
+        received, which stays pinned until it is done ("computed sends" in the docstring)."""
+        sender = None if self.out_slot else self._outgoing.sender
+        out = sender.reserve(tag, departure, dtype, numel, self.timeout, self.aborted) if sender else None
+        if out is None:  # another kind of link, or a message that moves this one
+            out = np.empty(numel, dtype)
+            fill(out)
+            self.send(tag, departure, out)
+            return
+        try:
+            fill(out)
+        except BaseException:
+            sender.cancel()
+            raise
+        del out  # no view of the ring outlives the message
+        sender.commit()
 
     def recv(self, tag: Any) -> tuple[float | None, np.ndarray]:
         """(departure, chunk) of the next message, which must carry `tag`."""

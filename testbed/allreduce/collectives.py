@@ -25,6 +25,10 @@ def ring_allreduce(buf: Any, rank: int, n: int, transport: Any, tag: Any, wire: 
     """Sum `buf` across the ring in place (scatter-reduce, then allgather); return bytes sent."""
     if n == 1:
         return 0
+    link = getattr(transport, "link", None)
+    if (link is not None and link.computes and isinstance(buf, np.ndarray) and wire is _PLAIN
+            and len(buf) * buf.itemsize >= n * COMPUTED_BYTES):
+        return _ring_computed(buf, rank, n, transport, tag)
     bounds = chunk_bounds(len(buf), n)
     itemsize = wire.itemsize(buf)
     sent = 0
@@ -40,6 +44,59 @@ def ring_allreduce(buf: Any, rank: int, n: int, transport: Any, tag: Any, wire: 
                 buf[r0:r1] = incoming
             del got, incoming  # may pin a channel buffer the left peer's next send needs
     wire.round(buf)  # the owner's chunk too, so every replica holds the same values
+    return sent
+
+
+BLOCK = 1 << 16  # elements (256 KiB of float32): a forwarded chunk is read once, from the cache
+COMPUTED_BYTES = 64 * 1024  # chunks from this size on are computed in the link; below, the extra
+# Python of a computed send costs more than the passes over memory it saves
+
+
+def _ring_computed(buf: np.ndarray, rank: int, n: int, transport: Any, tag: Any) -> int:
+    """`ring_allreduce` over a link that computes each message in its room (`exchange_computed`,
+    channels.py "computed sends"): the same messages, fewer passes over memory.
+
+    Scatter-reduce step i >= 1 sends the chunk received at step i-1 plus our own; that partial
+    sum is needed nowhere else (allgather overwrites the chunk), so it is added straight into
+    the message: 3 chunk-sized passes (read both, write the message) instead of 5 (add into the
+    buffer: 3; copy it into the ring: 2). Allgather step i >= 1 forwards the chunk received at
+    step i-1: copied into the buffer and into the message block by block, it is read once (3
+    passes, not 4). Step 0 of each phase sends from the buffer, the last one of each stores
+    what came. Same additions in the same order as `ring_allreduce`: bit-identical results.
+    For N = 4 that is 21 passes a round where the plain ring makes 27.
+    """
+    bounds = chunk_bounds(len(buf), n)
+    dtype, sent = buf.dtype, 0
+    held: Any = None  # the chunk received at the previous step, to be sent on (a view of the link)
+    for phase, schedule in (("rs", scatter_reduce_schedule(rank, n)), ("ag", allgather_schedule(rank, n))):
+        last = len(schedule) - 1
+        for i, (s, r) in enumerate(schedule):
+            (s0, s1), (r0, r1) = bounds[s], bounds[r]
+            mine = buf[s0:s1]
+            if held is None:
+                got = transport.exchange((tag, phase, i), mine, r1 - r0)
+            else:
+                came = held
+                if phase == "rs":
+                    def fill(out: np.ndarray, came: np.ndarray = came, mine: np.ndarray = mine) -> None:
+                        np.add(mine, came, out=out)
+                else:
+                    def fill(out: np.ndarray, came: np.ndarray = came, mine: np.ndarray = mine) -> None:
+                        for b in range(0, len(came), BLOCK):
+                            piece = came[b:b + BLOCK]
+                            mine[b:b + BLOCK] = piece
+                            out[b:b + BLOCK] = piece
+                held = came = None
+                got = transport.exchange_computed((tag, phase, i), dtype, s1 - s0, fill, r1 - r0)
+                del fill
+            sent += (s1 - s0) * buf.itemsize
+            if i < last:
+                held = got  # sent on, computed, at the next step
+            elif phase == "rs":
+                buf[r0:r1] += got  # our own chunk, fully reduced
+            else:
+                buf[r0:r1] = got
+            del got
     return sent
 
 

@@ -107,7 +107,7 @@ class Segment:
 ALIGN = 64  # every message starts on a cache line, and so does its data
 FRAME = struct.Struct("<II")  # header length (or WRAP), data length
 WRAP = 0xFFFFFFFF  # "the next message is at offset 0"
-ROOM = 2  # the largest messages a ring holds at once: one being read, the next being written
+ROOM = 3  # the largest messages a ring holds: see `Sender` (why three)
 MAX_DEPTH = 1024  # messages out at once: their wake and ack bytes stay far below a pipe's capacity
 
 
@@ -140,8 +140,13 @@ class Sender:
     its WRAP frame included -- pops one per byte). The writer reads acks only when the ring is
     full (or holds MAX_DEPTH messages), all that came at once, and waits only if none came.
 
-    Capacity is at least ROOM times the largest message, so a message always fits once the ring
-    is empty. A message larger than that allows moves the link: the writer waits until the
+    Capacity is at least ROOM (three) times the largest message. So a message always fits once
+    the ring is empty, and also while one message is still there, wherever it sits (the free
+    space around it, two messages' worth, is in at most two pieces, so one of them holds a
+    message): a peer that waits for room holding the message it read (`reserve`) waits only
+    while its right neighbour is at least two messages behind, and around a ring not every
+    peer can be behind its right neighbour, so someone always proceeds. A message larger than
+    that allows moves the link: the writer waits until the
     reader has released everything, puts a frame whose moved-to names a new segment twice that
     size, and writes the message at its start (one wake still; the reader follows and unmaps
     the old one).
@@ -151,6 +156,7 @@ class Sender:
         self.segment = Segment(_aligned(capacity))
         self.wake, self.ack = Signal(), Signal()
         self.head = 0
+        self._before = 0  # head before the last reserve (cancel)
         self.starts: deque[int] = deque()
 
     def reader_end(self) -> tuple[str, int, str, str]:
@@ -192,20 +198,58 @@ class Sender:
             return None
         return (head, head) if head < tail and head + size <= tail else None
 
+    def reserve(self, tag: Any, departure: float | None, dtype: np.dtype, numel: int, timeout: float,
+                aborted: Callable[[], bool]) -> np.ndarray | None:
+        """Room for the next message in the ring, as a writable 1-D array of `numel` elements of
+        `dtype`: the caller computes the message there, then `commit`s it (or `cancel`s); the
+        reader sees nothing before. Waits while there is no room, as `send` does. None where
+        the message would move the link (that needs the ring empty: compute elsewhere, `send`).
+
+        A caller may wait here holding a view of a received message: the ring's reserves chain
+        back to earlier steps, never around to themselves (channels.py, "computed sends")."""
+        nbytes = numel * dtype.itemsize
+        head = pickle.dumps((tag, departure, dtype.str, (numel,), None), protocol=pickle.HIGHEST_PROTOCOL)
+        size = ((FRAME.size + len(head) + _UP) & ~_UP) + ((nbytes + _UP) & ~_UP)  # footprint(), inline
+        if ROOM * size > self.segment.capacity:
+            return None
+        if nbytes > SMALL_BYTES:  # worth a syscall: if the ring is empty, start it again
+            self._released(0.0, timeout, aborted, "", wait=False)
+        at = self._fit(size)
+        if at is None:
+            t0 = time.monotonic()
+            while (at := self._fit(size)) is None:
+                self._released(t0, timeout, aborted, f"send of {tag}")
+        self._before = self.head
+        return np.frombuffer(self.segment.buf, dtype, numel, self._frame(at, head, nbytes))
+
+    def commit(self) -> None:
+        """The reserved message is written: wake the reader."""
+        os.write(self.wake.fd, b"!")
+
+    def cancel(self) -> None:
+        """Give the reserved room back (its computation failed): the next message goes there."""
+        self.starts.pop()
+        self.head = self._before
+
     def _put(self, at: tuple[int, int], head: bytes, data: np.ndarray) -> None:
+        d0 = self._frame(at, head, data.nbytes)
+        self.segment.buf[d0:d0 + data.nbytes] = data  # the array's bytes (C-contiguous): one memcpy
+
+    def _frame(self, at: tuple[int, int], head: bytes, nbytes: int) -> int:
+        """Write a message's frame and header at `at` (and a WRAP frame where it wraps), take
+        its room; return where its data goes."""
         o, begins = at
         buf = self.segment.buf
         if o != begins:
             FRAME.pack_into(buf, begins, WRAP, 0)
-        nbytes = data.nbytes
         FRAME.pack_into(buf, o, len(head), nbytes)
         h0 = o + FRAME.size
         buf[h0:h0 + len(head)] = head
         d0 = (h0 + len(head) + _UP) & ~_UP
-        buf[d0:d0 + nbytes] = data  # the array's bytes (C-contiguous): one memcpy
         self.starts.append(begins)
         end = d0 + ((nbytes + _UP) & ~_UP)
         self.head = 0 if end >= self.segment.capacity else end
+        return d0
 
     def _released(self, t0: float, timeout: float, aborted: Callable[[], bool], what: str,
                   wait: bool = True) -> None:

@@ -28,6 +28,7 @@ Emulated network: every send queues its logical bytes on the sender's NIC
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -107,6 +108,17 @@ class ObjectStoreTransport:
         self.inflight.append(self.right.deliver.remote(tag, chunk, departure))
         payload, delivery = self.mailbox.take(tag, self.timeout)
         sleep_until(delivery)
+        return payload
+
+    def exchange_computed(self, tag: Any, dtype: np.dtype, numel: int, fill: Callable[[np.ndarray], Any],
+                          recv_numel: int) -> np.ndarray:
+        """`exchange` of a chunk that `fill(out)` computes into `out` (numel elements of dtype),
+        on the link's room for it where the link has one (`channels.Link.send_computed`). Only
+        with a link (`self.link`): the ring's computed sends (testbed.allreduce.collectives)."""
+        departure = self.endpoint.send(int(numel * dtype.itemsize * self.factor))
+        self.link.send_computed(tag, departure, dtype, numel, fill)
+        departure, payload = self.link.recv(tag)
+        self.endpoint.receive(int(payload.nbytes * self.factor), departure)
         return payload
 
     def send_to(self, peer: int, tag: Any, array: Any) -> None:

@@ -219,9 +219,9 @@ def test_a_large_message_is_read_in_place_and_its_room_waits_for_the_release():
     """A chunk above SMALL_BYTES is a view of the ring, pinned until `release`: the writer
     may not write over it before then, and the view outlives the ring's unmapping."""
     big = np.random.default_rng(1).standard_normal(SMALL_BYTES // 4 + 1).astype(np.float32)
-    sender, receiver = _ends(shm.ROOM * shm.footprint(100, big.nbytes))  # room for ROOM (two) of them
-    sender.send("a", None, big, 1, lambda: False)
-    sender.send("b", None, big, 1, lambda: False)
+    sender, receiver = _ends(shm.ROOM * shm.footprint(100, big.nbytes))  # room for ROOM of them
+    for i in range(shm.ROOM):
+        sender.send("a" if i == 0 else ("b", i), None, big, 1, lambda: False)
     tag, _, got = receiver.recv(1, lambda: False, "m")
     assert tag == "a" and np.shares_memory(got, np.frombuffer(receiver.segment.buf, np.uint8))
     with pytest.raises(RemoteTimeout, match="send of c"):  # "a" is still pinned: no room
@@ -243,3 +243,66 @@ def test_a_segment_nobody_attached_is_removed_by_its_writer():
     assert os.path.exists(path)
     sender.close()
     assert not os.path.exists(path)
+
+
+class _Out:
+    """An `Outgoing` on one node without Ray: a `shm.Sender` and its reader end."""
+
+    def __init__(self, capacity: int) -> None:
+        self.sender, self.channel = shm.Sender(capacity), None
+
+    def reader_end(self) -> tuple[str, tuple[str, int, str, str]]:
+        return "shm", self.sender.reader_end()
+
+
+@pytest.mark.parametrize("n, length", [(2, 70_000), (3, 200_001), (4, 1 << 18), (5, 16_384 * 5 + 3), (4, 1000)])
+def test_a_ring_over_shm_links_sums_bit_for_bit_as_the_reference(n, length):
+    """N peers (threads) on shared-memory links of a ring just big enough (`ROOM` of a chunk):
+    every copy equals ring.py's one-process ring bit for bit, whether chunks are computed in the
+    link (64 KiB and up) or copied, so the computed sends neither change a sum nor deadlock."""
+    import threading
+
+    from testbed.allreduce.collectives import COMPUTED_BYTES, ring_allreduce
+    from testbed.allreduce.ring import reference_allreduce
+    from testbed.config import NetworkConfig
+    from testbed.emulation.endpoint import Endpoint
+    from testbed.runtime.transport import ObjectStoreTransport
+
+    rng = np.random.default_rng([n, length])
+    originals = [rng.standard_normal(length).astype(np.float32) for _ in range(n)]
+    expected = reference_allreduce(originals)
+    chunk = 4 * (-(-length // n))
+    outs = [_Out(shm.ROOM * (chunk + channels.HEADROOM)) for _ in range(n)]
+    links = [channels.Link(outs[r], outs[(r - 1) % n].reader_end(), 10, lambda: False) for r in range(n)]
+    errors: list[BaseException] = []
+    computed = [0] * n
+
+    def peer(r: int) -> None:
+        transport = ObjectStoreTransport(None, None, 10, Endpoint(NetworkConfig(), f"p{r}"), 1.0, link=links[r])
+        plain = transport.exchange_computed
+
+        def counted(*args, **kwargs):
+            computed[r] += 1
+            return plain(*args, **kwargs)
+
+        transport.exchange_computed = counted
+        try:
+            for k in range(3):  # rounds back to back: the rings wrap and start again
+                buf = originals[r].copy()
+                ring_allreduce(buf, r, n, transport, ("t", k))
+                np.testing.assert_array_equal(buf, expected[r])
+        except BaseException as e:  # noqa: BLE001 - reported below, with the peer
+            errors.append(e)
+
+    threads = [threading.Thread(target=peer, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+    computes = n > 2 and length * 4 >= n * COMPUTED_BYTES  # steps 1..N-2 of each phase, 3 rounds
+    assert computed == [2 * (n - 2) * 3 if computes else 0] * n
+    for link, out in zip(links, outs, strict=True):
+        link.close()
+        out.sender.close()
