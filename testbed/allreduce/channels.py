@@ -24,7 +24,7 @@ One node: a ring buffer, many messages deep (`shm.Sender` and `shm.Receiver`):
       3. write a wake byte                    --[ FIFO "wake" ]---->     at the next send/recv (large)
                                               <--[ FIFO "ack" ]-----
 
-- Depth: the ring holds at least two of the largest messages and often many more, so a peer
+- Depth: the ring holds at least three of the largest messages and often many more, so a peer
   sends on without waiting for its right neighbour to read; with more peers than cores that
   saves a sleep and a wake-up per hop (`shm.py`). Across nodes a Ray channel holds one message.
 - Messages: a chunk up to SMALL_BYTES is copied out by the reader, so its room is free the

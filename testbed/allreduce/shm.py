@@ -187,8 +187,9 @@ class Sender:
         if len(self.starts) >= MAX_DEPTH:
             return None
         cap, head = self.segment.capacity, self.head
-        if not self.starts and 0 < size <= head:  # empty: back to the start, whose pages are warm
-            return 0, head  # (a WRAP frame at head, which the message must not reach)
+        if not self.starts and 0 < size and size + cap // ROOM <= head:  # empty: back to the start,
+            return 0, head  # whose pages are warm (a WRAP frame at head, which stays the reader's
+            # until this message is released: the room before it must still hold a largest one)
         tail = self.starts[0] if self.starts else None
         if tail is None or head > tail:  # free: [head, cap) and [0, tail)
             if head + size <= cap:

@@ -184,6 +184,39 @@ def test_a_ring_delivers_every_message_in_order_whatever_wraps_fills_or_moves(ca
     sender.close()
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_ring_with_one_message_left_has_room_for_a_largest_one(seed):
+    """What the ring's computed sends rely on not to deadlock (shm.Sender): whatever the
+    sequence of messages, wraps and restarts at 0 before, a ring whose one unreleased message
+    is any of them has room for one more of the largest size it takes (ROOM of it)."""
+    rng = np.random.default_rng(seed)
+    largest = 4096
+    capacity = shm.ROOM * shm.footprint(64, 4 * largest)
+    sender, receiver = _ends(capacity)
+    checked = 0
+    for i in range(3000):
+        n = int(rng.integers(largest // 2, largest + 1)) if rng.random() < 0.8 else int(rng.integers(0, 64))
+        try:
+            sender.send(i, None, np.zeros(n, np.float32), 0, lambda: False)
+        except RemoteTimeout:  # full: read the oldest
+            pass
+        while receiver.ready or rng.random() < 0.5:
+            try:
+                receiver.recv(0, lambda: False, "m")
+            except RemoteTimeout:
+                break
+            receiver.release()
+            if rng.random() < 0.5:
+                break
+        sender._released(0.0, 0, lambda: False, "", wait=False)
+        if len(sender.starts) == 1:
+            checked += 1
+            assert sender._fit(shm.footprint(64, 4 * largest)) is not None, (i, sender.head, list(sender.starts))
+    assert checked > 100
+    receiver.close()
+    sender.close()
+
+
 def test_a_ring_holds_many_small_messages_before_any_is_read():
     sender, receiver = _ends(channels.MIN_BYTES)
     for i in range(50):  # no reader yet: none of these may wait
