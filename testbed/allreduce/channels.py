@@ -51,10 +51,11 @@ One node: a ring buffer, many messages deep (`shm.Sender` and `shm.Receiver`):
   its allgather the chunk it forwards, straight into the room of the next message
   (`Sender.reserve`, then `commit`), instead of into the buffer and then copied into the ring
   (`collectives.py` counts the passes). The peer reserves while it still holds the chunk it
-  read, so it may wait for room holding a pinned view. That cannot close a cycle. A ring holds
-  three of the largest messages, so it has room while at most one of ours is unreleased
-  (`shm.Sender`). A peer sending step s whose right neighbour is sending step s' (and holds
-  our step s' - 1) has s - s' + 1 of ours unreleased, so it waits only if s > s'; a peer
+  read, so it may wait for room holding a pinned view. That cannot close a cycle. A ring has
+  room for a largest message while at most one large message of ours is unreleased
+  (`shm.Sender`); a small one is released as it is read. A peer sending step s whose right
+  neighbour is sending step s' (holding our step s' - 1, pinned if it is large) has at most
+  s - s' + 1 of ours unreleased, one of them large, so it waits only if s > s'; a peer
   waiting to receive step s has sent its step s, so its left neighbour, not having sent step
   s yet, is not ahead of it either. The differences s - s' add up to 0 around the ring, so not
   every peer can be waiting. A message that would move the link (which needs the ring empty)

@@ -135,21 +135,23 @@ class Sender:
                                                         align(o+8+h)  d bytes of data
 
     A message goes at `head` when it fits before the end, else a WRAP frame goes there and the
-    message at offset 0; it never overwrites a message the reader has not released (one ack
-    byte per message, in order, so `starts` -- where each unreleased message's bytes begin,
-    its WRAP frame included -- pops one per byte). The writer reads acks only when the ring is
-    full (or holds MAX_DEPTH messages), all that came at once, and waits only if none came.
+    message at offset 0; so does one that finds the ring empty, whose pages are warmer there. It
+    never overwrites a message the reader has not released (one ack byte per message, in order,
+    so `starts` -- where each unreleased message's bytes begin, its WRAP frame included -- pops
+    one per byte). The writer reads acks only when the ring is full (or holds MAX_DEPTH
+    messages), all that came at once, and waits only if none came.
 
     Capacity is at least ROOM (three) times the largest message. So a message always fits once
-    the ring is empty, and also while one message is still there, wherever it sits (the free
-    space around it, two messages' worth, is in at most two pieces, so one of them holds a
-    message): a peer that waits for room holding the message it read (`reserve`) waits only
-    while its right neighbour is at least two messages behind, and around a ring not every
-    peer can be behind its right neighbour, so someone always proceeds. A message larger than
-    that allows moves the link: the writer waits until the
-    reader has released everything, puts a frame whose moved-to names a new segment twice that
-    size, and writes the message at its start (one wake still; the reader follows and unmaps
-    the old one).
+    the ring is empty, and also while one large message (read in place, so pinned until
+    released) is still there: the free space around it, two messages' worth, is in at most two
+    pieces, so one holds a message. A large message that restarts the empty ring at 0 keeps
+    the WRAP frame behind it until it is released, so it restarts only where the piece before
+    that frame holds a largest message. That is what lets a peer wait for room holding the
+    message it read (`reserve`; the argument is channels.py's "computed sends").
+
+    A message larger than capacity / ROOM moves the link: the writer waits until the reader has
+    released everything, puts a frame whose moved-to names a new segment twice that size, and
+    writes the message at its start (one wake still; the reader follows and unmaps the old one).
     """
 
     def __init__(self, capacity: int) -> None:
@@ -187,9 +189,8 @@ class Sender:
         if len(self.starts) >= MAX_DEPTH:
             return None
         cap, head = self.segment.capacity, self.head
-        if not self.starts and 0 < size and size + cap // ROOM <= head:  # empty: back to the start,
-            return 0, head  # whose pages are warm (a WRAP frame at head, which stays the reader's
-            # until this message is released: the room before it must still hold a largest one)
+        if not self.starts and 0 < size <= head and (size <= SMALL_BYTES or size + cap // ROOM <= head):
+            return 0, head  # empty: back to the start (a WRAP frame at head; see the docstring)
         tail = self.starts[0] if self.starts else None
         if tail is None or head > tail:  # free: [head, cap) and [0, tail)
             if head + size <= cap:
