@@ -167,12 +167,20 @@ class Sender:
     def send(self, tag: Any, departure: float | None, chunk: np.ndarray, timeout: float,
              aborted: Callable[[], bool]) -> None:
         """Put one message in the ring and wake the reader; wait while there is no room."""
-        data = np.ascontiguousarray(chunk)
-        nbytes = data.nbytes
-        head = pickle.dumps((tag, departure, data.dtype.str, chunk.shape, None),  # (1-D data of a 0-d chunk)
-                            protocol=pickle.HIGHEST_PROTOCOL)
+        data = np.ascontiguousarray(chunk)  # (1-D data of a 0-d chunk: the header keeps its shape)
+        at, head = self._claim(tag, departure, data.dtype, chunk.shape, data.nbytes, timeout, aborted, True)
+        self._put(at, head, data)
+        os.write(self.wake.fd, b"!")
+
+    def _claim(self, tag: Any, departure: float | None, dtype: np.dtype, shape: tuple[int, ...], nbytes: int,
+               timeout: float, aborted: Callable[[], bool], may_move: bool) -> tuple[tuple[int, int], bytes] | None:
+        """Room for a message: (where it goes, its pickled header), waiting while there is none;
+        a message larger than the ring allows moves the link first, or, unless `may_move`, None."""
+        head = pickle.dumps((tag, departure, dtype.str, shape, None), protocol=pickle.HIGHEST_PROTOCOL)
         size = ((FRAME.size + len(head) + _UP) & ~_UP) + ((nbytes + _UP) & ~_UP)  # footprint(), inline
         if ROOM * size > self.segment.capacity:
+            if not may_move:
+                return None
             self._move(ROOM * size, tag, timeout, aborted)
         if nbytes > SMALL_BYTES:  # worth a syscall: if the ring is empty, start it again
             self._released(0.0, timeout, aborted, "", wait=False)
@@ -181,8 +189,7 @@ class Sender:
             t0 = time.monotonic()
             while (at := self._fit(size)) is None:
                 self._released(t0, timeout, aborted, f"send of {tag}")
-        self._put(at, head, data)
-        os.write(self.wake.fd, b"!")
+        return at, head
 
     def _fit(self, size: int) -> tuple[int, int] | None:
         """(offset of the message, where its bytes begin), or None while the ring is too full."""
@@ -210,19 +217,11 @@ class Sender:
         A caller may wait here holding a view of a received message: the ring's reserves chain
         back to earlier steps, never around to themselves (channels.py, "computed sends")."""
         nbytes = numel * dtype.itemsize
-        head = pickle.dumps((tag, departure, dtype.str, (numel,), None), protocol=pickle.HIGHEST_PROTOCOL)
-        size = ((FRAME.size + len(head) + _UP) & ~_UP) + ((nbytes + _UP) & ~_UP)  # footprint(), inline
-        if ROOM * size > self.segment.capacity:
+        claimed = self._claim(tag, departure, dtype, (numel,), nbytes, timeout, aborted, False)
+        if claimed is None:
             return None
-        if nbytes > SMALL_BYTES:  # worth a syscall: if the ring is empty, start it again
-            self._released(0.0, timeout, aborted, "", wait=False)
-        at = self._fit(size)
-        if at is None:
-            t0 = time.monotonic()
-            while (at := self._fit(size)) is None:
-                self._released(t0, timeout, aborted, f"send of {tag}")
         self._before = self.head
-        return np.frombuffer(self.segment.buf, dtype, numel, self._frame(at, head, nbytes))
+        return np.frombuffer(self.segment.buf, dtype, numel, self._frame(*claimed, nbytes))
 
     def commit(self) -> None:
         """The reserved message is written: wake the reader."""

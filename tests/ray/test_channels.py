@@ -184,7 +184,7 @@ def test_a_ring_delivers_every_message_in_order_whatever_wraps_fills_or_moves(ca
     sender.close()
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(2))
 def test_a_ring_whose_one_message_left_is_pinned_has_room_for_a_largest_one(seed):
     """What the ring's computed sends rely on not to deadlock (shm.Sender): whatever the
     sequence of messages, wraps and restarts at 0 before, a ring whose one unreleased message
@@ -294,7 +294,7 @@ def test_a_ring_over_shm_links_sums_bit_for_bit_as_the_reference(n, length):
     """N peers (threads) on shared-memory links of a ring just big enough (`ROOM` of a chunk):
     every copy equals ring.py's one-process ring bit for bit, whether chunks are computed in the
     link (64 KiB and up) or copied, so the computed sends neither change a sum nor deadlock."""
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
     from testbed.allreduce.collectives import COMPUTED_BYTES, ring_allreduce
     from testbed.allreduce.ring import reference_allreduce
@@ -308,7 +308,6 @@ def test_a_ring_over_shm_links_sums_bit_for_bit_as_the_reference(n, length):
     chunk = 4 * (-(-length // n))
     outs = [_Out(shm.ROOM * (chunk + channels.HEADROOM)) for _ in range(n)]
     links = [channels.Link(outs[r], outs[(r - 1) % n].reader_end(), 10, lambda: False) for r in range(n)]
-    errors: list[BaseException] = []
     computed = [0] * n
 
     def peer(r: int) -> None:
@@ -320,21 +319,14 @@ def test_a_ring_over_shm_links_sums_bit_for_bit_as_the_reference(n, length):
             return plain(*args, **kwargs)
 
         transport.exchange_computed = counted
-        try:
-            for k in range(3):  # rounds back to back: the rings wrap and start again
-                buf = originals[r].copy()
-                ring_allreduce(buf, r, n, transport, ("t", k))
-                np.testing.assert_array_equal(buf, expected[r])
-        except BaseException as e:  # noqa: BLE001 - reported below, with the peer
-            errors.append(e)
+        for k in range(3):  # rounds back to back: the rings wrap and start again
+            buf = originals[r].copy()
+            ring_allreduce(buf, r, n, transport, ("t", k))  # a stuck peer raises after the links' 10 s
+            np.testing.assert_array_equal(buf, expected[r])
 
-    threads = [threading.Thread(target=peer, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
-    assert not any(t.is_alive() for t in threads)
+    with ThreadPoolExecutor(n) as pool:
+        for done in [pool.submit(peer, r) for r in range(n)]:
+            done.result()
     computes = n > 2 and length * 4 >= n * COMPUTED_BYTES  # steps 1..N-2 of each phase, 3 rounds
     assert computed == [2 * (n - 2) * 3 if computes else 0] * n
     for link, out in zip(links, outs, strict=True):
