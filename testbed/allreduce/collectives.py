@@ -26,7 +26,7 @@ def ring_allreduce(buf: Any, rank: int, n: int, transport: Any, tag: Any, wire: 
     if n == 1:
         return 0
     link = getattr(transport, "link", None)
-    if (link is not None and link.computes and isinstance(buf, np.ndarray) and wire is _PLAIN
+    if (link is not None and link.computes and isinstance(buf, np.ndarray) and not wire.half
             and len(buf) * buf.itemsize >= n * COMPUTED_BYTES):
         return _ring_computed(buf, rank, n, transport, tag)
     bounds = chunk_bounds(len(buf), n)

@@ -300,7 +300,7 @@ def test_a_ring_over_shm_links_sums_bit_for_bit_as_the_reference(n, length):
     from testbed.allreduce.ring import reference_allreduce
     from testbed.config import NetworkConfig
     from testbed.emulation.endpoint import Endpoint
-    from testbed.runtime.transport import ObjectStoreTransport
+    from testbed.runtime.transport import ObjectStoreTransport, Wire
 
     rng = np.random.default_rng([n, length])
     originals = [rng.standard_normal(length).astype(np.float32) for _ in range(n)]
@@ -321,7 +321,7 @@ def test_a_ring_over_shm_links_sums_bit_for_bit_as_the_reference(n, length):
         transport.exchange_computed = counted
         for k in range(3):  # rounds back to back: the rings wrap and start again
             buf = originals[r].copy()
-            ring_allreduce(buf, r, n, transport, ("t", k))  # a stuck peer raises after the links' 10 s
+            ring_allreduce(buf, r, n, transport, ("t", k), Wire())  # a stuck peer raises after 10 s
             np.testing.assert_array_equal(buf, expected[r])
 
     with ThreadPoolExecutor(n) as pool:
