@@ -25,8 +25,7 @@ def ring_allreduce(buf: Any, rank: int, n: int, transport: Any, tag: Any, wire: 
     """Sum `buf` across the ring in place (scatter-reduce, then allgather); return bytes sent."""
     if n == 1:
         return 0
-    link = getattr(transport, "link", None)
-    if (link is not None and link.computes and isinstance(buf, np.ndarray) and not wire.half
+    if (getattr(transport, "computes", False) and isinstance(buf, np.ndarray) and not wire.half
             and len(buf) * buf.itemsize >= n * COMPUTED_BYTES):
         return _ring_computed(buf, rank, n, transport, tag)
     bounds = chunk_bounds(len(buf), n)

@@ -177,7 +177,7 @@ class Sender:
         """Room for a message: (where it goes, its pickled header), waiting while there is none;
         a message larger than the ring allows moves the link first, or, unless `may_move`, None."""
         head = pickle.dumps((tag, departure, dtype.str, shape, None), protocol=pickle.HIGHEST_PROTOCOL)
-        size = ((FRAME.size + len(head) + _UP) & ~_UP) + ((nbytes + _UP) & ~_UP)  # footprint(), inline
+        size = footprint(len(head), nbytes)
         if ROOM * size > self.segment.capacity:
             if not may_move:
                 return None

@@ -25,7 +25,7 @@ from testbed.emulation.peers import owner
 from testbed.localsgd.config import LocalSGDConfig
 from testbed.localsgd.outer import OuterStep, ends_round, rounds
 from testbed.strategies.contract import Equivalence, Prediction, Strategy, StrategySpec, Variant
-from testbed.training.optim import Optimizer, optimizer_for
+from testbed.training.optim import Optimizer, mean_gradient, optimizer_for
 from testbed.workloads import make_workload, tiny
 
 SUMMARY_KEYS = {
@@ -152,7 +152,8 @@ class LocalSGDSpec(StrategySpec):
         model = make_workload(replace(cfg.workload, compute_ms=0.0), seed=cfg.seed, workers=cfg.workers,
                               device=device)
         anchor = model.get_params()
-        real = sorted({owner(cfg.workers, cfg.real_workers, x) for x in range(cfg.workers)})  # all, or the real
+        sources = [owner(cfg.workers, cfg.real_workers, x) for x in range(cfg.workers)]  # x's replica's owner
+        real = sorted(set(sources))  # every position, or the real workers'
         replicas = {r: anchor.copy() for r in real}
         optimizers = {r: Optimizer(optimizer_for(cfg.workload)) for r in real}
         outer = OuterStep(own.outer_optimizer, own.outer_lr, own.outer_momentum)
@@ -161,11 +162,8 @@ class LocalSGDSpec(StrategySpec):
                 model.set_params(replicas[r])
                 grad = np.asarray(model.gradient(model.batch(r, t))[0], dtype=np.float32)
                 optimizers[r].step(replicas[r], grad)
-            if ends_round(t, own.local_steps, cfg.steps):
-                total = np.zeros_like(anchor)
-                for x in range(cfg.workers):  # an emulated peer's replica is its owner's (emulation.peers)
-                    total += replicas[owner(cfg.workers, cfg.real_workers, x)]
-                anchor = outer.step(anchor, total / cfg.workers)
+            if ends_round(t, own.local_steps, cfg.steps):  # an emulated peer's replica is its owner's
+                anchor = outer.step(anchor, mean_gradient([replicas[q] for q in sources]))
                 replicas = {r: anchor.copy() for r in real}
         return anchor
 

@@ -102,21 +102,27 @@ class ObjectStoreTransport:
         departure = self.endpoint.send(int(chunk.nbytes * self.factor))
         if self.link is not None:
             self.link.send(tag, departure, chunk)
-            departure, payload = self.link.recv(tag)
-            self.endpoint.receive(int(payload.nbytes * self.factor), departure)
-            return payload
+            return self._from_link(tag)
         self.inflight.append(self.right.deliver.remote(tag, chunk, departure))
         payload, delivery = self.mailbox.take(tag, self.timeout)
         sleep_until(delivery)
         return payload
 
+    @property
+    def computes(self) -> bool:
+        """Whether `exchange_computed` writes into the link: a shared-memory ring each way."""
+        return self.link is not None and self.link.computes
+
     def exchange_computed(self, tag: Any, dtype: np.dtype, numel: int, fill: Callable[[np.ndarray], Any],
                           recv_numel: int) -> np.ndarray:
         """`exchange` of a chunk that `fill(out)` computes into `out` (numel elements of dtype),
-        on the link's room for it where the link has one (`channels.Link.send_computed`). Only
-        with a link (`self.link`): the ring's computed sends (testbed.allreduce.collectives)."""
+        in the link's room for it (`channels.Link.send_computed`); where `computes`."""
         departure = self.endpoint.send(int(numel * dtype.itemsize * self.factor))
         self.link.send_computed(tag, departure, dtype, numel, fill)
+        return self._from_link(tag)
+
+    def _from_link(self, tag: Any) -> np.ndarray:
+        """The left neighbour's message `tag` off the link, its arrival accounted (emulated: waited for)."""
         departure, payload = self.link.recv(tag)
         self.endpoint.receive(int(payload.nbytes * self.factor), departure)
         return payload
