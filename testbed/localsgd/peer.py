@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from testbed.allreduce.peer import RingPeer
 from testbed.localsgd.outer import OuterStep, ends_round
 
@@ -26,6 +28,11 @@ class LocalSGDPeer(RingPeer):
         self.local_steps = own.local_steps
         self.outer = OuterStep(own.outer_optimizer, own.outer_lr, own.outer_momentum)
         self.anchor = None  # the round's start: set with the first iteration
+
+    def peer_delays(self, iteration: int, since: int | None = None) -> np.ndarray:
+        """An emulated peer's lag at a round's average: its straggler delays beyond its owner's,
+        added up over the round's local steps (it takes them as its owner does, unsynchronised)."""
+        return super().peer_delays(iteration, iteration - iteration % self.local_steps if since is None else since)
 
     def run_step(self, iteration: int, attempt: int = 0, send_params: bool = False) -> dict[str, Any]:
         """One local step; at the end of a round, the average and the outer step."""

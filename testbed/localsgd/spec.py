@@ -82,12 +82,10 @@ class LocalSGDSpec(StrategySpec):
         """The average is the ring's allreduce, so it plays emulated peers as the ring does
         (testbed.allreduce.relay): an emulated peer's replica is a copy of its real owner's (it
         takes the owner's local steps on the owner's batches), and the mean weighs each real
-        replica by the positions it stands for. Stragglers are the exception: a peer's lag builds
-        up over a round's H local steps, and the relay takes one iteration's delays."""
+        replica by the positions it stands for. A peer's straggler lag at an average is its
+        delays beyond its owner's added up over the round's H local steps (LocalSGDPeer.peer_delays)."""
         if cfg.ring.algorithm != "ring":
             return f"plays emulated peers with --algorithm ring (got --algorithm {cfg.ring.algorithm})"
-        if cfg.straggler.items:
-            return "plays emulated peers without --straggler (a peer's lag builds up over a round's local steps)"
         return None
 
     def validate(self, cfg: RunConfig) -> None:

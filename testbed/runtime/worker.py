@@ -116,18 +116,21 @@ class WorkerBase:
         at = self.peer_ready + compute_s + self.peer_delays(iteration)
         return self._nics().send(nbytes, list(at))
 
-    def peer_delays(self, iteration: int) -> np.ndarray:
+    def peer_delays(self, iteration: int, since: int | None = None) -> np.ndarray:
         """How much later than this worker each emulated peer of its segment has its gradient:
         the peer's own straggler delay beyond this worker's, never less than 0 (its gradient is a
-        copy of this worker's, testbed.emulation.peers)."""
+        copy of this worker's, testbed.emulation.peers). `since`: the first of the iterations
+        whose delays add up before the workers next meet (local SGD's round: a peer's lag builds
+        up over its local steps, as a real worker's does); `iteration` alone by default."""
         out = np.zeros(self.segment)
         model = self.stragglers
         if not model.specs or not self.segment:
             return out
         c = self.stretch.compute_s if self.stretch is not None else 0.0
+        iterations = range(iteration if since is None else since, iteration + 1)
 
         def delay(x: int) -> float:
-            return (model.factor(x) - 1.0) * c + model.additive(x, iteration) * model.dilation
+            return sum((model.factor(x) - 1.0) * c + model.additive(x, i) * model.dilation for i in iterations)
 
         mine = delay(self.rank)
         for j in range(self.segment):

@@ -188,10 +188,13 @@ def test_a_straggling_emulated_peer_holds_the_ring_back():
 
 def test_local_sgd_with_emulated_peers_averages_the_owners_replicas_once_a_round():
     """local-sgd builds on the ring: two real workers play six positions, and the run is local
-    SGD in one process where a peer's replica is its owner's (LocalSGDSpec.reference)."""
+    SGD in one process where a peer's replica is its owner's (LocalSGDSpec.reference). Position
+    1, an emulated peer, straggles 150 ms a local step: its lag adds up over a round, so an
+    average waits for its two steps' delays (its one step's in the last round, of one step)."""
     from testbed.strategies.registry import SPECS
 
-    cfg = make_config(strategy="local-sgd", workers=6, steps=5,
+    delay = 0.15
+    cfg = make_config(strategy="local-sgd", workers=6, steps=5, straggler=f"fixed:worker=1,delay={delay * 1e3:g}ms",
                       **{"localsgd.local_steps": 2, "network.bandwidth": "10Gbit", "cluster.real_workers": 2})
     out = run_strategy(cfg)
     np.testing.assert_allclose(out["flat"], SPECS["local-sgd"].reference(cfg), rtol=1e-5, atol=1e-6)
@@ -201,3 +204,7 @@ def test_local_sgd_with_emulated_peers_averages_the_owners_replicas_once_a_round
     assert out["summary"]["averages"] == 3  # rounds end after iterations 1, 3 and the last, 4
     averaging = steps["iteration"].isin([1, 3, 4])
     assert (steps[averaging]["bytes_sent"] > 0).all() and (steps[~averaging]["bytes_sent"] == 0).all()
+    assert (steps["injected_delay_s"] == 0).all()  # neither real worker straggled
+    # bounds, never shorter: both real workers' averages wait for the peer's whole lag
+    for iteration, lag in ((1, 2 * delay), (3, 2 * delay), (4, delay)):
+        assert (steps[steps["iteration"] == iteration]["comm_s"] >= lag).all(), (iteration, steps)

@@ -193,8 +193,6 @@ BAD = [
     ("real-workers-algorithm", {**EMULATED_RING, "ring.algorithm": "halving-doubling", "cluster.real_workers": 2},
      "--real-workers", 2),
     ("real-workers-fp16", {**EMULATED_RING, "compression": "fp16", "cluster.real_workers": 2}, "--real-workers", 2),
-    ("real-workers-local-sgd-straggler", {**EMULATED_RING, "strategy": "local-sgd", "straggler": "slowdown:worker=1,factor=2",
-                                          "cluster.real_workers": 2}, "--real-workers", 2),
     ("real-workers-local-sgd-tree", {**EMULATED_RING, "strategy": "local-sgd", "ring.algorithm": "tree",
                                      "cluster.real_workers": 2}, "--real-workers", 2),
     ("real-workers-fail", {**EMULATED_RING, "faults.fail": "worker=0,at=2", "cluster.real_workers": 2},
