@@ -30,12 +30,14 @@ def test_slowdown_stretches_the_slow_workers_compute_on_every_strategy(strategy)
 
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_gossip_never_applies_a_non_finite_gradient(asynchronous):
-    # asynchronous: one update per iteration of any worker, so enough for worker 1 to reach 1
+    # asynchronous: the updates are any worker's iterations, and how many of them worker 1 gets
+    # to is timing; its first is issued with everybody's, so the NaN goes there
+    at = 0 if asynchronous else 1
     cfg = make_config(strategy="gossip", workers=3, steps=9 if asynchronous else 4, **SYNTHETIC,
-                      **{"faults.fail": "nan:worker=1,at=1", "gossip.asynchronous": asynchronous})
+                      **{"faults.fail": f"nan:worker=1,at={at}", "gossip.asynchronous": asynchronous})
     out = run_strategy(cfg)
     assert [f["kind"] for f in out["summary"]["faults"]] == ["nan-skipped"]
-    row = out["steps"][(out["steps"]["worker"] == 1) & (out["steps"]["iteration"] == 1)]
+    row = out["steps"][(out["steps"]["worker"] == 1) & (out["steps"]["iteration"] == at)]
     assert row["version_applied"].isna().all() and row["staleness"].isna().all()
     assert np.isfinite(out["flat"]).all() and all(np.isfinite(r).all() for r in out["replicas"])
 
