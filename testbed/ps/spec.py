@@ -85,6 +85,9 @@ ASYNC_EQUIVALENCE = (
 )
 
 
+ASYNC_SERVER_THREADS = 2048  # an asynchronous server's call threads at most (PSSpec.server_threads)
+
+
 class PSSpec(StrategySpec):
     fault_kinds = ("kill", "hang", "nan", "sent")  # sent: dies once its push reached the servers
     family = "ps"
@@ -120,6 +123,20 @@ class PSSpec(StrategySpec):
 
     def synchronous(self, cfg: RunConfig) -> bool:
         return self.sync
+
+    def server_threads(self, cfg: RunConfig, partitions: int) -> int:
+        """A server's call threads, for `partitions` partitions: one for every push-pull (and
+        pull) they can have in flight at once. Under ps-sync and SSP a call may wait for a version
+        that other workers' pushes make, so each needs a thread of its own (fewer could
+        deadlock). An asynchronous call waits for no other (it sleeps to its delivery, then to
+        its reply's departure), so past ASYNC_SERVER_THREADS the rest wait in Ray's queue for a
+        thread: late, which the run's lateness shows. Ray starts all of an actor's threads with
+        it: at N = 1,024 eight servers of 8,196 threads were more than the 2-core reference
+        machine could create (pthread_create failed and the servers aborted)."""
+        need = 2 * cfg.real_workers * max(1, partitions) + 4
+        if self.sync or cfg.ps.staleness_bound is not None:
+            return need
+        return min(need, ASYNC_SERVER_THREADS)
 
     def servers(self, cfg: RunConfig) -> int:
         return cfg.ps.count

@@ -67,7 +67,7 @@ class ParameterServer(Strategy):
             remote.spawn_server(
                 ShardActor, self.cluster, i, cfg,
                 {p: self.parts.bounds[p][1] - self.parts.bounds[p][0] for p in self.parts.on_server(i)},
-                cfg.network, factor, concurrency=2 * cfg.real_workers * max(1, len(self.parts.on_server(i))) + 4,
+                cfg.network, factor, concurrency=self.spec.server_threads(cfg, len(self.parts.on_server(i))),
                 max_restarts=cfg.faults.max_restarts, checkpoint_dir=ckpt,
                 checkpoint_every=cfg.faults.checkpoint_every, faults=cfg.faults.fail.items,
                 compression=cfg.compression, nic=self.nics[i], local_worker=i if self.colocated else None,

@@ -56,3 +56,23 @@ def test_the_version_completing_push_lists_contributors_in_delivery_order():
 def test_bad_partition_sizes_are_refused(bad):
     with pytest.raises(ValueError, match="partition_mb"):
         partition_count(MiB, bad, 1, 10)
+
+
+def test_an_asynchronous_server_caps_its_call_threads_and_a_waiting_one_never_does():
+    """A server has a thread per push-pull its partitions can have in flight. ps-sync and SSP
+    calls wait for versions other pushes make, so theirs are never capped (fewer could deadlock);
+    plain ps-async caps them, since Ray starts them all with the actor."""
+    from testbed.config import RunConfig, with_overrides
+    from testbed.config.validate import validate
+    from testbed.ps.spec import ASYNC_SERVER_THREADS
+    from testbed.strategies.registry import SPECS
+
+    def threads(strategy: str, workers: int, **changes):
+        cfg = validate(with_overrides(RunConfig(strategy=strategy, workers=workers), **changes), SPECS)
+        return SPECS[strategy].server_threads(cfg, partitions=4)
+
+    assert threads("ps-async", 8) == 2 * 8 * 4 + 4  # below the cap: one each
+    assert threads("ps-async", 1024) == ASYNC_SERVER_THREADS < 2 * 1024 * 4 + 4
+    assert threads("ps-async", 1024, **{"ps.staleness_bound": 2}) == 2 * 1024 * 4 + 4
+    assert threads("ps-sync", 1024, **{"cluster.real_workers": 1024}) == 2 * 1024 * 4 + 4
+    assert threads("ps-sync", 1024, **{"network.bandwidth": "10Gbit"}) == 2 * 16 * 4 + 4  # 16 real push for all
