@@ -27,6 +27,7 @@ compute, one worker's round trip, a lower bound.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -85,7 +86,9 @@ ASYNC_EQUIVALENCE = (
 )
 
 
-ASYNC_SERVER_THREADS = 2048  # an asynchronous server's call threads at most (PSSpec.server_threads)
+# every server's call threads together on one machine: half of Linux's default pid_max (32,768),
+# which bounds all of a machine's threads (each takes a pid); the workers and Ray have the rest
+SERVER_THREADS = 16384
 
 
 class PSSpec(StrategySpec):
@@ -124,19 +127,33 @@ class PSSpec(StrategySpec):
     def synchronous(self, cfg: RunConfig) -> bool:
         return self.sync
 
-    def server_threads(self, cfg: RunConfig, partitions: int) -> int:
+    def server_threads(self, cfg: RunConfig, partitions: int, servers: int) -> int:
         """A server's call threads, for `partitions` partitions: one for every push-pull (and
         pull) they can have in flight at once. Under ps-sync and SSP a call may wait for a version
         that other workers' pushes make, so each needs a thread of its own (fewer could
-        deadlock). An asynchronous call waits for no other (it sleeps to its delivery, then to
-        its reply's departure), so past ASYNC_SERVER_THREADS the rest wait in Ray's queue for a
-        thread: late, which the run's lateness shows. Ray starts all of an actor's threads with
-        it: at N = 1,024 eight servers of 8,196 threads were more than the 2-core reference
-        machine could create (pthread_create failed and the servers aborted)."""
+        deadlock; `threads_refused` says when the machine cannot give them). An asynchronous call
+        waits for no other (it sleeps to its delivery, then to its reply's departure), so the
+        `servers` share SERVER_THREADS, and past a server's share the rest wait in Ray's queue
+        for a thread: late, which the run's lateness shows."""
         need = 2 * cfg.real_workers * max(1, partitions) + 4
         if self.sync or cfg.ps.staleness_bound is not None:
             return need
-        return min(need, ASYNC_SERVER_THREADS)
+        return min(need, max(1, SERVER_THREADS // servers))
+
+    def threads_refused(self, cfg: RunConfig, threads: list[int]) -> str | None:
+        """Why servers asking for `threads` call threads cannot start on one machine, or None:
+        Ray starts all of an actor's threads with it, and every thread takes one of the machine's
+        pids (Linux's default pid_max is 32,768). At N = 1,024 ps-async with 8 servers of 25
+        partitions asked for 8,196 threads a server, pthread_create failed and the servers aborted
+        (ActorDiedError); asynchronous servers are capped since (`server_threads`), synchronous
+        ones cannot be. A Ray cluster (--address or RAY_ADDRESS) spreads its servers: no limit here."""
+        if sum(threads) <= SERVER_THREADS or cfg.cluster.address or os.environ.get("RAY_ADDRESS"):
+            return None
+        fewer = ("fewer real workers (--real-workers K; on an emulated network auto plays the others)"
+                 if self.cannot_emulate_peers(cfg) is None else "fewer --workers")
+        return (f"{self.name}: {len(threads)} server(s) need {sum(threads):,} call threads, one for each push-pull "
+                f"of {cfg.real_workers} real workers that may wait for a version, more than the {SERVER_THREADS:,} "
+                f"one machine can give them; use {fewer} or larger partitions (--ps-partition-mb)")
 
     def servers(self, cfg: RunConfig) -> int:
         return cfg.ps.count

@@ -24,6 +24,7 @@ import numpy as np
 import ray
 
 from testbed.analysis.records import Recorder, UpdateRecord
+from testbed.config import ConfigError
 from testbed.emulation.faults import NonFiniteGradient, RestartsExhausted, ServerLost
 from testbed.ps.partition import partition
 from testbed.ps.schedule import Schedule
@@ -63,11 +64,15 @@ class ParameterServer(Strategy):
         ckpt = str(Path(self.workdir) / "checkpoints") if self.workdir else None
         if ckpt and cfg.faults.checkpoint_every:
             Path(ckpt).mkdir(parents=True, exist_ok=True)
+        threads = [self.spec.server_threads(cfg, len(self.parts.on_server(i)), s) for i in range(s)]
+        why = self.spec.threads_refused(cfg, threads)
+        if why:  # known only once the workers tell the gradient's size, so after Ray started
+            raise ConfigError(why)
         self.shards = [
             remote.spawn_server(
                 ShardActor, self.cluster, i, cfg,
                 {p: self.parts.bounds[p][1] - self.parts.bounds[p][0] for p in self.parts.on_server(i)},
-                cfg.network, factor, concurrency=self.spec.server_threads(cfg, len(self.parts.on_server(i))),
+                cfg.network, factor, concurrency=threads[i],
                 max_restarts=cfg.faults.max_restarts, checkpoint_dir=ckpt,
                 checkpoint_every=cfg.faults.checkpoint_every, faults=cfg.faults.fail.items,
                 compression=cfg.compression, nic=self.nics[i], local_worker=i if self.colocated else None,

@@ -58,21 +58,29 @@ def test_bad_partition_sizes_are_refused(bad):
         partition_count(MiB, bad, 1, 10)
 
 
-def test_an_asynchronous_server_caps_its_call_threads_and_a_waiting_one_never_does():
+def test_asynchronous_servers_share_a_cap_on_call_threads_and_waiting_ones_are_refused_past_it(monkeypatch):
     """A server has a thread per push-pull its partitions can have in flight. ps-sync and SSP
-    calls wait for versions other pushes make, so theirs are never capped (fewer could deadlock);
-    plain ps-async caps them, since Ray starts them all with the actor."""
+    calls wait for versions other pushes make, so theirs are never capped (fewer could deadlock)
+    and servers that would need more than one machine's share are refused with the fix; plain
+    ps-async servers share the cap, since Ray starts every thread with the actor."""
     from testbed.config import RunConfig, with_overrides
     from testbed.config.validate import validate
-    from testbed.ps.spec import ASYNC_SERVER_THREADS
+    from testbed.ps.spec import SERVER_THREADS
     from testbed.strategies.registry import SPECS
 
-    def threads(strategy: str, workers: int, **changes):
-        cfg = validate(with_overrides(RunConfig(strategy=strategy, workers=workers), **changes), SPECS)
-        return SPECS[strategy].server_threads(cfg, partitions=4)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
-    assert threads("ps-async", 8) == 2 * 8 * 4 + 4  # below the cap: one each
-    assert threads("ps-async", 1024) == ASYNC_SERVER_THREADS < 2 * 1024 * 4 + 4
-    assert threads("ps-async", 1024, **{"ps.staleness_bound": 2}) == 2 * 1024 * 4 + 4
-    assert threads("ps-sync", 1024, **{"cluster.real_workers": 1024}) == 2 * 1024 * 4 + 4
-    assert threads("ps-sync", 1024, **{"network.bandwidth": "10Gbit"}) == 2 * 16 * 4 + 4  # 16 real push for all
+    def threads(strategy: str, workers: int, servers: int = 8, **changes):
+        cfg = validate(with_overrides(RunConfig(strategy=strategy, workers=workers), **changes), SPECS)
+        each = [SPECS[strategy].server_threads(cfg, 4, servers)] * servers
+        return each[0], SPECS[strategy].threads_refused(cfg, each)
+
+    assert threads("ps-async", 8) == (2 * 8 * 4 + 4, None)  # below the cap: one each
+    assert threads("ps-async", 1024) == (SERVER_THREADS // 8, None)  # 8 share the cap
+    assert threads("ps-async", 1024, servers=2) == (SERVER_THREADS // 2, None)
+    each, why = threads("ps-async", 1024, **{"ps.staleness_bound": 2})
+    assert each == 2 * 1024 * 4 + 4 and "fewer --workers" in why and "--ps-partition-mb" in why
+    each, why = threads("ps-sync", 1024, **{"cluster.real_workers": 1024, "network.bandwidth": "10Gbit"})
+    assert each == 2 * 1024 * 4 + 4 and f"{8 * each:,} call threads" in why and "--real-workers K" in why
+    assert threads("ps-sync", 1024, **{"network.bandwidth": "10Gbit"}) == (2 * 16 * 4 + 4, None)  # 16 real
+    assert threads("ps-sync", 1024, **{"cluster.real_workers": 1024, "cluster.address": "auto"})[1] is None
