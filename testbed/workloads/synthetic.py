@@ -111,7 +111,10 @@ class SyntheticWorkload(Workload):
         on_ready: Callable[[int, np.ndarray], None],
     ) -> tuple[np.ndarray, float, int]:
         """Forward, then each bucket after its share of the backward time (last layers first):
-        the share of its tensors' elements, or of their backward FLOPs under a profile."""
+        the share of its tensors' elements, or of their backward FLOPs under a profile. Time
+        spent in `on_ready` (a straggler's sleep: testbed.emulation.stragglers.Stretch) delays
+        the rest of backward, as a hook does a real backward pass; on a schedule fixed at the
+        start, the later buckets would come at once after it, and the delay would vanish."""
         total = self.cfg.compute_ms / 1000.0
         t = time.perf_counter() + total * (1 - self.cfg.backward_frac)
         grad, loss = self._exact_gradient(batch)
@@ -121,7 +124,9 @@ class SyntheticWorkload(Workload):
             view = self.bucket_view(grad, idx)
             t += backward * sum(self.backward_share[i] for i in idx)
             _sleep_until(t)
+            hook = time.perf_counter()
             on_ready(b, view)
+            t += time.perf_counter() - hook
         return grad, loss, self.cfg.batch_size * len(batch)
 
 

@@ -74,3 +74,24 @@ def test_backward_is_spread_over_the_buckets_by_flops():
         cumulative += sum(w.backward_share[i] for i in buckets[b])
         assert at >= compute * 0.5 + compute * 0.5 * cumulative - 1e-3
     assert cumulative == pytest.approx(1.0)
+
+
+def test_time_in_a_buckets_hook_delays_the_rest_of_backward():
+    """A straggler sleeps in the hook of the first bucket (Stretch.ready): the later buckets keep
+    their shares of backward after it, so the whole takes the compute time plus the sleep (a
+    bound, never shorter; on a schedule fixed at the start they came at once, and it did not)."""
+    compute, delay = 0.1, 0.06
+    w = workload(compute_ms=compute * 1e3, backward_frac=0.5)
+    buckets = make_buckets(w.logical_sizes(), 25 * 2**20 // 4)
+    assert len(buckets) > 2
+    seen = []
+
+    def hook(b: int, view: object) -> None:
+        seen.append(time.perf_counter() - t0)
+        if b == 0:
+            time.sleep(delay)
+
+    t0 = time.perf_counter()
+    w.gradient_buckets(w.batch(0, 0), buckets, hook)
+    assert time.perf_counter() - t0 >= compute + delay - 1e-3
+    assert len(seen) == len(buckets)
