@@ -31,6 +31,9 @@ STEP_COLUMNS = {
     "injected_delay_s": ("s", "straggler delay injected into this iteration (`--straggler`)"),
     "late_s": ("s", "emulated network: how much later than their emulated delivery this worker's "
                     "messages arrived (real cost the emulator could not hide); 0 otherwise"),
+    "peers_lag_s": ("s", "emulated peers (`--real-workers`): how much later than this worker the slowest "
+                         "peer it plays had its gradient, its straggler delays beyond this worker's (over a "
+                         "local SGD round, added up); 0 otherwise"),
     "node": ("", "the Ray node the worker ran on: its IP address (with `/` and 6 hex digits of the "
                  "node id where several nodes share an address); a worker restarted elsewhere shows "
                  "its new node from then on"),

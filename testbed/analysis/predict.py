@@ -60,8 +60,13 @@ def network_link(spec: Any, cfg: RunConfig, nodes: int) -> tuple[tuple[float, fl
 
 
 def slowest_compute(steps: Any) -> Any:
-    """Per iteration, the slowest worker's compute plus injected delay."""
-    return (steps["compute_s"] + steps["injected_delay_s"]).groupby(steps["iteration"]).max()
+    """Per iteration, the slowest worker's compute plus injected delay, an emulated peer's
+    included: a real worker's row carries its slowest peer's lag beyond it (`peers_lag_s`;
+    absent from runs recorded before it was)."""
+    ready = steps["compute_s"] + steps["injected_delay_s"]
+    if "peers_lag_s" in steps:
+        ready = ready + steps["peers_lag_s"]
+    return ready.groupby(steps["iteration"]).max()
 
 
 def predictions(spec: Any, cfg: RunConfig, summary: dict[str, Any], steps: Any, updates: Any,

@@ -45,6 +45,7 @@ class StepRecord:
     staleness: int | None  # version_applied - version_read; None when never applied
     injected_delay_s: float
     late_s: float = 0.0  # emulated network: how late this worker's messages arrived (real overhead)
+    peers_lag_s: float = 0.0  # emulated peers: how much later than this worker the slowest had its gradient
     node: str | None = None  # the Ray node the worker ran on (`Recorder.locate` fills it in)
 
 
@@ -103,7 +104,8 @@ def step_record(run_id: str, strategy: str, worker: int, iteration: int, report:
         bytes_sent=int(report["bytes_sent"]), bytes_recv=int(report["bytes_recv"]),
         samples=int(report["samples"]), loss=float(report["loss"]),
         staleness=None if version_applied is None else version_applied - version_read,
-        injected_delay_s=report["injected_delay_s"], late_s=float(report.get("late_s", 0.0)))
+        injected_delay_s=report["injected_delay_s"], late_s=float(report.get("late_s", 0.0)),
+        peers_lag_s=float(report.get("peers_lag_s", 0.0)))
 
 
 class Recorder:

@@ -94,6 +94,7 @@ class WorkerBase:
         # have a Relay instead); when each last held what it computes on
         self._peer_nics: SegmentNics | None = None
         self.peer_ready = np.zeros(self.segment)
+        self._peers_lag = 0.0  # this iteration's latest peer_delays (its report's peers_lag_s)
 
     # ---- plumbing shared by every strategy
     def _nics(self) -> SegmentNics:
@@ -135,6 +136,7 @@ class WorkerBase:
         mine = delay(self.rank)
         for j in range(self.segment):
             out[j] = max(0.0, delay((self.rank + 1 + j) % self.config.workers) - mine)
+        self._peers_lag = max(self._peers_lag, float(out.max()))
         return out
 
     def ping(self) -> int:
@@ -164,9 +166,12 @@ class WorkerBase:
 
     def report(self, info: dict[str, Any]) -> dict[str, Any]:
         """An iteration's report as it leaves the actor: with the spans recorded since the last,
-        and how late (past their emulated delivery) its messages arrived meanwhile."""
+        how late (past their emulated delivery) its messages arrived meanwhile, and how much
+        later than this worker its slowest emulated peer had its gradient (`peer_delays`: the
+        cost model's critical path counts it as compute, as a real straggler's delay)."""
         info["events"] = self.drain_events()
         info["late_s"] = self.endpoint.take_late()
+        info["peers_lag_s"], self._peers_lag = self._peers_lag, 0.0
         return info
 
     # ---- compute

@@ -182,8 +182,15 @@ def test_a_straggling_emulated_peer_holds_the_ring_back():
     base = {"strategy": "ring", "workers": 8, "steps": 3, "network.bandwidth": "10Gbit",
             "workload.compute_ms": 10.0, "cluster.real_workers": 2, "ring.overlap": False}
     out = run_strategy(make_config(**base, straggler="fixed:worker=5,delay=300ms"))
-    assert out["summary"]["step_time_p50_s"] >= 0.3
-    assert (out["steps"]["injected_delay_s"] == 0).all()  # neither real worker straggled
+    s, steps = out["summary"], out["steps"]
+    assert s["step_time_p50_s"] >= 0.3
+    assert (steps["injected_delay_s"] == 0).all()  # neither real worker straggled
+    # its owner's rows say how much later it was, so the critical path counts the delay as
+    # compute, as a real straggler's, not as communication
+    lag = steps.set_index("worker")["peers_lag_s"]
+    np.testing.assert_allclose(lag[4], 0.3)
+    assert (lag[0] == 0).all()
+    assert s["comm_s_per_step"] <= s["step_time_p50_s"] - 0.3 + 1e-9
 
 
 def test_local_sgd_with_emulated_peers_averages_the_owners_replicas_once_a_round():
@@ -207,6 +214,8 @@ def test_local_sgd_with_emulated_peers_averages_the_owners_replicas_once_a_round
     assert (steps["injected_delay_s"] == 0).all()  # neither real worker straggled
     # a bound, never shorter: the peer's owner's averages wait for the peer's whole lag from when
     # its own replica was ready (worker 3 waits too, but from when worker 0 was ready, not it)
-    owner = steps[steps["worker"] == 0].set_index("iteration")["comm_s"]
+    owner = steps[steps["worker"] == 0].set_index("iteration")
     for iteration, lag in ((1, 2 * delay), (3, 2 * delay), (4, delay)):
-        assert owner[iteration] >= lag, (iteration, steps)
+        assert owner["comm_s"][iteration] >= lag, (iteration, steps)
+        assert owner["peers_lag_s"][iteration] == pytest.approx(lag)  # counted as compute, not comm
+    assert (owner["peers_lag_s"][[0, 2]] == 0).all()  # no average, no lag
