@@ -143,10 +143,9 @@ class PSSpec(StrategySpec):
     def threads_refused(self, cfg: RunConfig, threads: list[int]) -> str | None:
         """Why servers asking for `threads` call threads cannot start on one machine, or None:
         Ray starts all of an actor's threads with it, and every thread takes one of the machine's
-        pids (Linux's default pid_max is 32,768). At N = 1,024 ps-async with 8 servers of 25
-        partitions asked for 8,196 threads a server, pthread_create failed and the servers aborted
-        (ActorDiedError); asynchronous servers are capped since (`server_threads`), synchronous
-        ones cannot be. A Ray cluster (--address or RAY_ADDRESS) spreads its servers: no limit here."""
+        pids (Linux's default pid_max is 32,768), so past the budget a server's process aborts as
+        it starts. Asynchronous servers are capped within it (`server_threads`); synchronous ones
+        cannot be. A Ray cluster (--address or RAY_ADDRESS) spreads its servers: no limit here."""
         if sum(threads) <= SERVER_THREADS or cfg.cluster.address or os.environ.get("RAY_ADDRESS"):
             return None
         fewer = ("fewer real workers (--real-workers K; on an emulated network auto plays the others)"
