@@ -8,11 +8,13 @@ search measures as it goes instead of trusting one run's advice, and a worked sc
               a run no longer than a trial and without --fail is tried whole (its own steps,
               evaluation and timeline), so its last trial *is* the run: that folder becomes the
               run's, and the run is not repeated (the search's last row names it)
-    stop      a faithful trial; a trial that says raising D cannot help; a next trial and the
-              run that would not both fit in --fidelity-budget (estimated from the trials' own
-              start-up and step times) -- but where the run can have emulated peers
-              (testbed.emulation.peers), it first goes on with half the real workers at the
-              same factor, while a trial still fits and there is more than one
+    fewer     where the budget cuts the factor the search would raise D to (a next trial and the
+              run at it would not both fit in --fidelity-budget, estimated from the trials' own
+              start-up and step times) and the run can have emulated peers
+              (testbed.emulation.peers), the next trial has half the real workers at the same
+              factor instead, while a trial still fits and there is more than one
+    stop      a faithful trial; a trial that says raising D cannot help; a budget that buys no
+              larger factor and no trial with fewer real workers
     timeout   each trial and the run wait --timeout times their factor (`dilated`)
     the run   at the faithful trial's factor, else at the largest factor measured; its summary
               adds `dilation_search` (one row per trial), `dilation_search_result` (one line) and
@@ -105,8 +107,8 @@ def _promote(trial: Any, cfg: RunConfig, run_id: str, annotate: dict[str, Any]) 
 
 def fewer_real_workers(cfg: RunConfig) -> RunConfig | None:
     """cfg with half its real workers (the rest emulated peers, testbed.emulation.peers), or None
-    where it has one, or cannot have emulated peers: what the search tries when the budget buys
-    no larger factor, since fewer real workers cost this machine less per step."""
+    where it has one, or cannot have emulated peers: what the search tries when the budget cuts
+    the factor it would raise to, since fewer real workers cost this machine less per step."""
     from testbed.strategies.registry import SPECS
 
     k = cfg.real_workers
@@ -122,8 +124,8 @@ def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
     """(the config for the run, its factor, trial rows, the one-line result, Outcome or None): the
     Outcome of an interrupted trial, or of the last trial where each trial ran the whole run (the
     run goes at the last trial's factor, so that trial is the run, faithful or not). Where the
-    budget buys no larger factor, the search goes on with half the real workers (the others
-    emulated peers) at the same factor, while there are fewer to have."""
+    budget cuts the factor it would raise to, the search goes on with half the real workers (the
+    others emulated peers) at the same factor, while there are fewer to have."""
     from testbed.strategies.registry import SPECS
 
     per_step = 1 if SPECS[cfg.strategy].synchronous(cfg) else cfg.workers
@@ -173,11 +175,13 @@ def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
         setup_s = max(0.0, row["wall_s"] - trial_steps * step_s * factor)
         after = 0 if whole else cfg.steps  # a whole trial leaves no run to pay for after it
         left = budget - (time.monotonic() - t0)
-        nxt = affordable_factor(nxt, trial_steps, after, step_s, setup_s, left)
+        wanted, nxt = nxt, affordable_factor(nxt, trial_steps, after, step_s, setup_s, left)
         fewer = fewer_real_workers(cfg)
-        if nxt < factor * MIN_RAISE and fewer is not None and affordable_factor(
+        if nxt < wanted and fewer is not None and affordable_factor(
                 factor, trial_steps, after, step_s, setup_s, left) >= factor:
-            cfg = fewer  # the same factor, half the real workers: less of this machine per step
+            # the budget cuts the raise: the same factor, half the real workers, costs this machine
+            # about half as much per step without slowing the emulated clock
+            cfg = fewer
             continue
         if nxt < factor * MIN_RAISE:
             return stop(f"not faithful: {measured}; --fidelity-budget {budget:g} s buys no larger factor "

@@ -1,5 +1,5 @@
 """The --dilation auto search (testbed.session.autodilate) with trials made up by the test: where
-the budget buys no larger factor, it goes on with half the real workers before it gives up."""
+the budget cuts the factor it would raise to, it goes on with half the real workers first."""
 
 import time
 from pathlib import Path
@@ -61,3 +61,18 @@ def test_each_trial_waits_its_timeout_times_its_factor(tmp_path: Path):
     _, factor, _, result, _ = _search(cfg, tmp_path, time.monotonic(), execute)
     assert result.startswith("faithful") and factor > 4 and len(seen) >= 2
     assert all(t == 50.0 * d for d, t in seen)
+
+
+def test_a_raise_the_budget_cuts_short_halves_the_real_workers_first(tmp_path: Path):
+    """A trial at D = 1 (fidelity 1.75, steps of 15 s) asks for D = 6; the 300 s budget affords 5
+    for the whole run. The next trial is D = 1 with 8 real workers instead, faithful; the search
+    used to raise D to what the budget afforded."""
+    seen = []
+
+    def execute(cfg):
+        seen.append((cfg.network.dilation, cfg.real_workers))
+        fid = 1.0 if cfg.real_workers <= 8 else 1.75
+        return SimpleNamespace(exit_code=0, folder=None, error_line=None, summary={
+            "status": "completed", "emulation_fidelity": fid, "emulation_leak_frac": 0.0, "step_time_mean_s": 15.0})
+    cfg, factor, _, result, _ = _search(config(strategy="ps-sync"), tmp_path, time.monotonic(), execute)
+    assert seen == [(1.0, 16), (1.0, 8)] and (cfg.real_workers, factor) == (8, 1.0) and result.startswith("faithful")
