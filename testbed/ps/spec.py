@@ -27,7 +27,6 @@ compute, one worker's round trip, a lower bound.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -140,13 +139,13 @@ class PSSpec(StrategySpec):
             return need
         return min(need, max(1, SERVER_THREADS // servers))
 
-    def threads_refused(self, cfg: RunConfig, threads: list[int]) -> str | None:
+    def threads_refused(self, cfg: RunConfig, threads: list[int], nodes: int) -> str | None:
         """Why servers asking for `threads` call threads cannot start on one machine, or None:
         Ray starts all of an actor's threads with it, and every thread takes one of the machine's
         pids (Linux's default pid_max is 32,768), so past the budget a server's process aborts as
         it starts. Asynchronous servers are capped within it (`server_threads`); synchronous ones
-        cannot be. A Ray cluster (--address or RAY_ADDRESS) spreads its servers: no limit here."""
-        if sum(threads) <= SERVER_THREADS or cfg.cluster.address or os.environ.get("RAY_ADDRESS"):
+        cannot be. A Ray cluster of several `nodes` spreads its servers: no limit here."""
+        if sum(threads) <= SERVER_THREADS or nodes > 1:
             return None
         fewer = ("fewer real workers (--real-workers K; on an emulated network auto plays the others)"
                  if self.cannot_emulate_peers(cfg) is None else "fewer --workers")

@@ -65,7 +65,7 @@ class ParameterServer(Strategy):
         if ckpt and cfg.faults.checkpoint_every:
             Path(ckpt).mkdir(parents=True, exist_ok=True)
         threads = [self.spec.server_threads(cfg, len(self.parts.on_server(i)), s) for i in range(s)]
-        why = self.spec.threads_refused(cfg, threads)
+        why = self.spec.threads_refused(cfg, threads, self.cluster.nodes_at_start)
         if why:  # known only once the workers tell the gradient's size, so after Ray started
             raise ConfigError(why)
         self.shards = [

@@ -58,7 +58,7 @@ def test_bad_partition_sizes_are_refused(bad):
         partition_count(MiB, bad, 1, 10)
 
 
-def test_asynchronous_servers_share_a_cap_on_call_threads_and_waiting_ones_are_refused_past_it(monkeypatch):
+def test_asynchronous_servers_share_a_cap_on_call_threads_and_waiting_ones_are_refused_past_it():
     """A server has a thread per push-pull its partitions can have in flight. ps-sync and SSP
     calls wait for versions other pushes make, so theirs are never capped (fewer could deadlock)
     and servers that would need more than one machine's share are refused with the fix; plain
@@ -68,12 +68,10 @@ def test_asynchronous_servers_share_a_cap_on_call_threads_and_waiting_ones_are_r
     from testbed.ps.spec import SERVER_THREADS
     from testbed.strategies.registry import SPECS
 
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-
-    def threads(strategy: str, workers: int, servers: int = 8, **changes):
+    def threads(strategy: str, workers: int, servers: int = 8, nodes: int = 1, **changes):
         cfg = validate(with_overrides(RunConfig(strategy=strategy, workers=workers), **changes), SPECS)
         each = [SPECS[strategy].server_threads(cfg, 4, servers)] * servers
-        return each[0], SPECS[strategy].threads_refused(cfg, each)
+        return each[0], SPECS[strategy].threads_refused(cfg, each, nodes)
 
     assert threads("ps-async", 8) == (2 * 8 * 4 + 4, None)  # below the cap: one each
     assert threads("ps-async", 1024) == (SERVER_THREADS // 8, None)  # 8 share the cap
@@ -83,4 +81,4 @@ def test_asynchronous_servers_share_a_cap_on_call_threads_and_waiting_ones_are_r
     each, why = threads("ps-sync", 1024, **{"cluster.real_workers": 1024, "network.bandwidth": "10Gbit"})
     assert each == 2 * 1024 * 4 + 4 and f"{8 * each:,} call threads" in why and "--real-workers K" in why
     assert threads("ps-sync", 1024, **{"network.bandwidth": "10Gbit"}) == (2 * 16 * 4 + 4, None)  # 16 real
-    assert threads("ps-sync", 1024, **{"cluster.real_workers": 1024, "cluster.address": "auto"})[1] is None
+    assert threads("ps-sync", 1024, nodes=2, **{"cluster.real_workers": 1024})[1] is None  # spread over nodes
