@@ -121,9 +121,12 @@ def _auto(tmp_path, name: str, budget_s: float = 60.0, steps: int = 6):
 
 
 def _follows_its_rule(trials: list[dict]) -> None:
-    """Each trial's factor is the previous one raised by the search's own rule: at most what
-    `next_factor` names for the previous trial's measurement (less where the budget caps it), and
-    at least MIN_RAISE times the previous factor; every trial but the last unfaithful."""
+    """Each trial is the one before it changed by the search's own rule: its factor raised to at
+    most what `next_factor` names for the previous trial's measurement (less where the budget caps
+    it) and at least MIN_RAISE times the previous factor, with as many real workers; or, where the
+    budget cut that raise, the same factor with half the real workers (a busy machine's trials are
+    slow enough for that, CI measured it: D = 1 with 2 real, then D = 1 with 1). Every trial but
+    the last unfaithful."""
     from testbed.emulation.dilation import next_factor
     from testbed.session.autodilate import CEILING, MIN_RAISE
 
@@ -132,7 +135,11 @@ def _follows_its_rule(trials: list[dict]) -> None:
     assert all(t["faithful"] is False for t in trials[:-1]), trials
     for before, after in itertools.pairwise(trials):
         rule = next_factor(before["dilation"], before["emulation_fidelity"], before["emulation_leak_frac"], CEILING)
-        assert rule is not None and before["dilation"] * MIN_RAISE <= after["dilation"] <= rule, (before, after)
+        assert rule is not None, before
+        fewer = after["dilation"] == before["dilation"] and after["real_workers"] == before["real_workers"] // 2 >= 1
+        raised = (before["dilation"] * MIN_RAISE <= after["dilation"] <= rule
+                  and after["real_workers"] == before["real_workers"])
+        assert fewer or raised, (before, after)
 
 
 def test_auto_dilation_searches_upwards_by_its_rule_and_the_last_trial_is_the_run(tmp_path):
@@ -174,12 +181,13 @@ def test_auto_dilation_searches_upwards_by_its_rule_and_the_last_trial_is_the_ru
     _follows_its_rule(busy["dilation_search"])
     assert busy["status"] == "completed" and busy["dilation"] == busy["dilation_search"][-1]["dilation"]
     assert busy["dilation_search_result"].startswith("faithful") == (busy["dilation_search"][-1]["faithful"] is True)
-    # busier: more excess at every factor both searches tried, so the search asks for more there
-    idle_at = {t["dilation"]: t["emulation_fidelity"] for t in trials}
-    common = [t for t in busy["dilation_search"] if t["dilation"] in idle_at]
+    # busier: more excess at every factor both searches tried with as many real workers, so the
+    # search asks for more there
+    idle_at = {(t["dilation"], t["real_workers"]): t["emulation_fidelity"] for t in trials}
+    common = [t for t in busy["dilation_search"] if (t["dilation"], t["real_workers"]) in idle_at]
     assert common and common[0]["dilation"] == 1.0
     for t in common:
-        assert t["emulation_fidelity"] > idle_at[t["dilation"]], (busy["dilation_search"], trials)
+        assert t["emulation_fidelity"] > idle_at[(t["dilation"], t["real_workers"])], (busy["dilation_search"], trials)
 
 
 def _processes_below(root: int) -> list[int]:
