@@ -30,6 +30,24 @@ from testbed.emulation.faults import NanPolicy
 from testbed.training.optim import Optimizer, OptimizerSpec, mean_gradient, to_numpy_state
 
 
+def push_staleness(acks: Sequence[dict[str, Any]]) -> int | None:
+    """What one worker's push says, from its partitions' acks (in partition order): its
+    staleness, the largest over its partitions, where it was applied, else None.
+
+    A duplicate of a push that counted stands for that push. The push was applied where
+    partition 0 applied it (its versions are the model's, as for the update records) and every
+    other partition applied it too, or had already finished: at the end of an asynchronous run
+    each partition stops at --steps updates of its own, and the pushes then in flight reach some
+    partitions before and some after their last one (ps-async --workers 16 --steps 4 --ps-shards
+    8 counted none of its 16 pushes applied, and said 0 samples/s, where partition 0 applied four).
+    """
+    counted = [a["status"] == "applied" or (a["status"] == "duplicate" and a["version_applied"] is not None)
+               for a in acks]
+    if not counted[0] or not all(c or a["status"] == "finished" for c, a in zip(counted, acks, strict=True)):
+        return None
+    return max(a["staleness"] for a, c in zip(acks, counted, strict=True) if c)
+
+
 class ShardState:
     def __init__(self, params: np.ndarray, *, optimizer: OptimizerSpec, sync: bool, workers: int,
                  backup: int = 0, max_updates: int | None = None, on_nan: str = "skip",

@@ -29,6 +29,7 @@ from testbed.emulation.faults import NonFiniteGradient, RestartsExhausted, Serve
 from testbed.ps.partition import partition
 from testbed.ps.schedule import Schedule
 from testbed.ps.server import ShardActor
+from testbed.ps.shard import push_staleness
 from testbed.ps.worker import PSWorker, nic_file, remove_nic_files
 from testbed.runtime import remote
 from testbed.strategies.contract import Strategy
@@ -246,16 +247,13 @@ class ParameterServer(Strategy):
 
     def _record(self, recorder: Recorder, w: int, iteration: int, info: dict[str, Any], held: float) -> int:
         acks = info["acks"]
-        # a duplicate of a push that counted: the iteration's gradient is that push's
-        applied = all(a["status"] == "applied" or (a["status"] == "duplicate" and a["version_applied"] is not None)
-                      for a in acks)
         if any(a["status"] == "nan" for a in acks):
             recorder.fault("nan-skipped", f"worker{self.positions[w]}", iteration, info["t_end"], info["t_end"])
         for a in acks:  # the shards' own spans travel with their acks
             recorder.events_from(a.pop("events", ()))
         # staleness is the largest over the worker's shards: version_applied - version_read
         read = info["versions"][0]
-        stalest = max(a["staleness"] for a in acks) if applied else None
+        stalest = push_staleness(acks)
         self.record(recorder, self.positions[w], iteration, info, version_read=read,
                     version_applied=None if stalest is None else read + stalest,
                     wait_s=info["server_wait_s"] + held)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from testbed.ps.shard import ShardState
+from testbed.ps.shard import ShardState, push_staleness
 from testbed.ps.ssp import ssp_may_start, ssp_staleness_bound
 from testbed.training.optim import OptimizerSpec
 
@@ -66,6 +66,26 @@ def test_shard_stops_at_max_updates():
     assert ack["status"] == "finished" and s.version == 2
     _, version, _ = s.pull(5, timeout=0.1)  # finished shards never block
     assert version == 2
+
+
+def test_a_push_is_applied_where_partition_0_applied_it_and_the_others_applied_it_or_had_finished():
+    """Two asynchronous partitions of two updates each, four workers' pushes landing in opposite
+    orders on the two: partition 0 applies workers 0 and 1, partition 1 workers 3 and 2. Each
+    push's acks, read as the driver reads them: workers 0 and 1 applied (partition 1 had finished
+    with theirs), at their larger staleness; 2 and 3 not (partition 0 had finished). Requiring
+    every partition to have applied a push counted none of the four."""
+    parts = [ShardState(np.zeros(1, np.float32), optimizer=OptimizerSpec(lr=1.0), sync=False, workers=4,
+                        max_updates=2) for _ in range(2)]
+    acks: dict[int, list] = {w: [None, None] for w in range(4)}
+    for p, order in ((0, [0, 1, 2, 3]), (1, [3, 2, 1, 0])):
+        for w in order:
+            acks[w][p] = parts[p].push(np.ones(1, np.float32), 0, worker=w, iteration=0, loss=0)
+    assert [push_staleness(acks[w]) for w in range(4)] == [0, 1, None, None]
+    # a partition that did not finish but refused the push (non-finite there) leaves it unapplied
+    assert push_staleness([acks[0][0], {"status": "nan", "version_applied": None, "staleness": None}]) is None
+    # a retried push that counted stands for its first push
+    assert push_staleness([{"status": "duplicate", "version_read": 0, "version_applied": 3, "staleness": 3},
+                           acks[1][1]]) == 3
 
 
 def test_pull_times_out_with_a_clear_error():
