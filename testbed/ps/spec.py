@@ -115,6 +115,14 @@ class PSSpec(StrategySpec):
                     f"--compression {cfg.compression.kind})")
         return None
 
+    def messages_per_step(self, cfg: RunConfig) -> int | None:
+        """A push and its reply per partition (the synthetic workload's, whose size the config
+        says; a real model's is known once its workers are up)."""
+        k = cfg.grad_bytes_logical
+        if k is None:
+            return None
+        return 2 * partition_count(k, cfg.ps.partition_mb, cfg.ps.count, numel=k // 4 + 1)
+
     def __init__(self, *, sync: bool) -> None:
         self.sync = sync
         self.name = "ps-sync" if sync else "ps-async"

@@ -120,6 +120,12 @@ class StrategySpec(ABC):
         testbed.emulation.peers), or None where its package plays them."""
         return "has no emulated peers yet (its workers' messages are all real)"
 
+    def messages_per_step(self, cfg: RunConfig) -> int | None:
+        """Actor calls one real worker makes per step, where many and known before the run (a
+        parameter server's partitions), or None. `--real-workers auto` starts fewer real workers
+        where theirs together pass AUTO_MESSAGES (testbed.config.validate)."""
+        return None
+
     def cannot_share_gpu(self, cfg: RunConfig) -> str | None:
         """Why its workers need a GPU each under --device cuda, with the fix, or None where several
         workers may share one GPU (each holds its replica there and moves bytes through the host)."""

@@ -281,6 +281,26 @@ def test_real_workers_auto_keeps_every_worker_real_up_to_16_and_plays_peers_beyo
     assert real(workers=64, **{"faults.fail": "worker=0,at=2"}) == 64
 
 
+def test_real_workers_auto_starts_fewer_where_their_calls_per_step_pass_the_budget(base):
+    """ps-sync pushes and pulls each partition: a 1.2 GB gradient in 4 MiB partitions (300) is
+    600 calls per worker and step, so 4 real workers make 2,400; 100 MiB (25 partitions) leaves
+    16, and nothing goes below one real worker. Up to 16 workers every worker stays real."""
+    from testbed.config.validate import AUTO_MESSAGES
+
+    def real(**changes):
+        return validate(with_overrides(base, **{**EMULATED_RING, "strategy": "ps-sync", "workers": 128,
+                                                "workload.name": "synthetic", **changes}), SPECS).cluster.real_workers
+
+    one = with_overrides(base, strategy="ps-sync", **{"workload.name": "synthetic", "workload.grad_mb": 1200.0})
+    assert SPECS["ps-sync"].messages_per_step(one) == 600
+    assert SPECS["ps-sync"].messages_per_step(base) is None  # a real model: its size is known once it is up
+    assert real(**{"workload.grad_mb": 1200.0}) == AUTO_MESSAGES // 600 == 4
+    assert real(**{"workload.grad_mb": 100.0}) == 16
+    assert real(**{"workload.grad_mb": 1200.0, "ps.partition_mb": 0.5}) == 1  # 2,400 partitions
+    assert real(workers=16, **{"workload.grad_mb": 1200.0}) == 16
+    assert real(strategy="ring", **{"workload.grad_mb": 1200.0}) == 16  # the ring says no count
+
+
 def test_strategy_error_lists_the_choices(base):
     msg = rejects(lambda: with_overrides(base, strategy="nope"), "--strategy", "nope")
     assert all(name in msg for name in SPECS)
