@@ -34,8 +34,11 @@ def _number_or_auto(flag: str, number: type, fix: str, check: Any) -> tuple[Any,
 
 
 # --dilation: a factor, or AUTO; --real-workers: a count, or AUTO
-_FACTOR_FIX, _COUNT_FIX = "use a factor >= 1, e.g. 10, or auto", "use a count of workers >= 1, e.g. 8, or auto"
-parse_dilation, check_dilation = _number_or_auto("--dilation", float, _FACTOR_FIX, real(1, 100_000, fix=_FACTOR_FIX))
+MIN_DILATION = 0.01  # below 1 the emulated cluster runs faster than real time (testbed.emulation.dilation)
+_FACTOR_FIX = f"use a factor >= {MIN_DILATION:g} (below 1: faster than real time), e.g. 10, or auto"
+_COUNT_FIX = "use a count of workers >= 1, e.g. 8, or auto"
+parse_dilation, check_dilation = _number_or_auto("--dilation", float, _FACTOR_FIX,
+                                                 real(MIN_DILATION, 100_000, fix=_FACTOR_FIX))
 parse_real_workers, check_real_workers = _number_or_auto("--real-workers", int, _COUNT_FIX,
                                                          integer(1, MAX_WORKERS, _COUNT_FIX))
 
@@ -83,7 +86,9 @@ class NetworkConfig:
     dilation: float | str | None = opt(None, metavar="D|auto", parse=parse_dilation, check=check_dilation,
                                        help="run the emulated cluster D times slower (transfers, latency, "
                                             "synthetic compute, straggler delays) and report every time "
-                                            "divided by D, so this machine's own overheads shrink D-fold; "
+                                            "divided by D, so this machine's own overheads shrink D-fold "
+                                            "(D below 1: faster than real time, for runs whose emulated "
+                                            "steps last far longer than their messages cost here); "
                                             "auto: short trial runs raise D until the run is faithful "
                                             "(docs/emulation.md) (default: auto on an emulated network with "
                                             "synthetic compute, else 1)")

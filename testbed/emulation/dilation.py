@@ -15,6 +15,13 @@ D times smaller:
     straggler delay d              d * D                    d (+ overhead / D)
     a step of T emulated seconds   D * T + overhead         T + overhead / D
 
+D below 1 runs the emulated cluster faster than real time, and multiplies this machine's
+overheads by 1/D instead: worth it where an emulated step lasts far longer than the real work of
+its messages (mapreduce at N = 128 with a 1.2 GB gradient: the driver's step is 2 N K / B, 258 s at
+10 Gbit/s, against a few ms of calls). `--dilation auto` starts there where the model says the
+run at D = 1 would take most of its budget (`first_factor`), and the fidelity it measures still
+decides: an unfaithful trial raises D as from any factor.
+
 What cannot be dilated is real compute (a torch model's forward and backward), so dilation is
 refused for real workloads (`testbed.config.validate`). Ray start-up and the run's elapsed time
 are real and are not divided.
@@ -34,7 +41,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["FIDELITY_TOLERANCE", "LEAK_LIMIT", "TRIAL_STEPS", "Dilation", "advice", "affordable_factor", "faithful", "is_duration",
+__all__ = ["FIDELITY_TOLERANCE", "LEAK_LIMIT", "TRIAL_STEPS", "Dilation", "advice", "affordable_factor", "faithful",
+           "first_factor", "is_duration",
            "is_instant", "is_rate", "next_factor", "run_seconds", "wanted_factor"]
 
 
@@ -54,8 +62,8 @@ class Dilation:
     """Map real times of a dilated run to the emulated cluster's times."""
 
     def __init__(self, factor: float, origin: float) -> None:
-        if not factor >= 1.0:
-            raise ValueError(f"dilation {factor!r}: must be >= 1")
+        if not factor > 0.0:
+            raise ValueError(f"dilation {factor!r}: must be > 0")
         self.factor, self.origin = float(factor), float(origin)
 
     def instant(self, t: float) -> float:
@@ -127,14 +135,22 @@ def advice(measured: float, predicted: float, dilation: float, can_dilate: bool,
                 f"machine could not keep up (late messages reorder the emulated queues)")
         if not can_dilate:
             return head + late + "; use --workload synthetic with --compute-ms, or fewer workers"
-        better = max(2, math.ceil(dilation * leak / LEAK_LIMIT))
+        better = _advised(dilation * leak / LEAK_LIMIT, dilation)
         return head + late + f"; rerun with --dilation {better:g}"
     if not can_dilate:
         return (head + ": this machine's per-message cost shows; real compute cannot be dilated, so use "
                 "--workload synthetic with --compute-ms to study this network, or fewer workers")
-    better = max(2, math.ceil(dilation * (ratio - 1) / (FIDELITY_TOLERANCE / 2)))
+    better = _advised(dilation * (ratio - 1) / (FIDELITY_TOLERANCE / 2), dilation)
     return (head + f": this machine's own per-message cost adds to the emulated time; rerun with "
             f"--dilation {better:g} (its emulated time then runs {better / dilation:.3g}x slower)")
+
+
+def _advised(wanted: float, dilation: float) -> float:
+    """A factor to advise: `wanted` rounded up, and at least twice the one in use (a run below
+    1, faster than real time, may be advised a factor below 1 too), at least 2 from 1 on."""
+    if dilation < 1 and wanted < 1:
+        return _round_up(max(wanted, 2 * dilation))
+    return max(2, math.ceil(wanted))
 
 
 # ---------------------------------------------------------------- --dilation auto: the search
@@ -181,7 +197,37 @@ def next_factor(dilation: float, fidelity: float, leak: float | None, ceiling: f
     if wanted <= dilation or dilation >= ceiling:
         return None
     growth = min(MAX_GROWTH, max(MIN_GROWTH, math.sqrt(wanted / dilation)))
-    return float(min(ceiling, math.ceil(dilation * growth)))
+    raised = dilation * growth
+    if raised < 1:  # from a factor below 1 (`first_factor`): two significant digits, not a whole number
+        return float(_round_up(raised))
+    return float(min(ceiling, math.ceil(raised)))
+
+
+def _round_up(x: float, digits: int = 2) -> float:
+    scale = 10 ** (digits - 1 - math.floor(math.log10(x)))
+    return math.ceil(x * scale - 1e-9) / scale
+
+
+def _round_down(x: float, digits: int = 2) -> float:
+    scale = 10 ** (digits - 1 - math.floor(math.log10(x)))
+    return math.floor(x * scale + 1e-9) / scale
+
+
+FIRST_SHARE = 0.5  # the share of --fidelity-budget the first trial and the run may take, by the model
+
+
+def first_factor(emulated_s: float | None, budget_s: float, floor: float) -> float:
+    """The search's first factor: 1, or less where the model says the first trial and the run
+    after it would last `emulated_s` of emulated time, more than FIRST_SHARE of the budget at
+    D = 1; then the factor that fits them in that share (two significant digits, rounded down),
+    at least `floor` (--dilation's lower limit). None or 0 (no prediction): 1.
+
+        mapreduce N = 128, 1.2 GB, 10 Gbit/s: a step of 258 s, 4 updates (the trial is the run):
+        1,032 s at D = 1 against 150 s, so D = 0.14 (144 s of wall time, plus start-up)
+    """
+    if not emulated_s or emulated_s <= FIRST_SHARE * budget_s:
+        return 1.0
+    return max(floor, _round_down(FIRST_SHARE * budget_s / emulated_s))
 
 
 def run_seconds(dilation: float, steps: int, step_s: float, setup_s: float) -> float:

@@ -2,8 +2,8 @@
 
 The configurations are each registered strategy's own (`StrategySpec.map_variants`), each one
 validated as `testbed.run` validates a run. What `predict` reads is what a run resolves at setup,
-taken without Ray: the workload a worker builds (`make_workload`, here with one element per
-tensor: the logical sizes and backward shares are the profile's whatever the payload) gives the
+taken without Ray: the workload a worker builds (`testbed.workloads.tensor_plan`, with one element
+per tensor: the logical sizes and backward shares are the profile's whatever the payload) gives the
 tensor sizes, and the strategy's `plan` turns them into its gradient bytes and buckets. The
 prediction is then the one a run's summary carries: `predicted_step_s = compute + predict().comm_s`
 (testbed.analysis.predict), on the cell's link -- the emulated (latency, bandwidth), or with
@@ -14,19 +14,19 @@ Pure: no Ray.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from testbed.analysis.costmodel import NotModelled
-from testbed.config import ConfigError, Payload, RunConfig, validate, with_overrides
+from testbed.config import ConfigError, RunConfig, validate, with_overrides
 from testbed.config.calibration import load_calibration
 from testbed.map.grid import CALIBRATED, Grid
 from testbed.strategies.contract import StrategySpec, Variant
 from testbed.strategies.registry import SPECS
 from testbed.util import units
-from testbed.workloads import make_workload
+from testbed.workloads import tensor_plan
 
 CELL = ["latency", "bandwidth", "workers"]
 
@@ -37,14 +37,6 @@ class Configuration:
     variant: Variant
     config: RunConfig | None  # None: the variant is refused at this N (`refused` says why)
     refused: str | None = None
-
-
-def tensor_plan(base: RunConfig) -> tuple[list[int], list[float] | None]:
-    """The workload's logical tensor sizes and backward shares, from the workload a run builds
-    (its smallest payload: the sizes are logical, the arrays one element per tensor)."""
-    tiny = replace(base.workload, payload=Payload(1e-12))
-    work = make_workload(tiny, seed=base.seed, workers=1)
-    return work.logical_sizes(), getattr(work, "backward_share", None)
 
 
 def configurations(base: RunConfig, n: int, node_size: int | None = None) -> list[Configuration]:
@@ -85,7 +77,7 @@ def link_of(spec: StrategySpec, cfg: RunConfig, latency: str, bandwidth: str,
 def predictions(grid: Grid, progress: bool = False) -> pd.DataFrame:
     """One row per cell and configuration: the spec's prediction, or why there is none."""
     base = grid.base()
-    sizes, shares = tensor_plan(base)
+    sizes, shares = tensor_plan(base.workload, seed=base.seed)
     rows: list[dict[str, Any]] = []
     counts: Any = grid.workers
     if progress:

@@ -15,7 +15,10 @@ search measures as it goes instead of trusting one run's advice, and a worked sc
               factor instead, while a trial still fits and there is more than one
     stop      a faithful trial; a trial that says raising D cannot help; a budget that buys no
               larger factor and no trial with fewer real workers
-    timeout   each trial and the run wait --timeout times their factor (`dilated`)
+    first     D = 1, or less where the cost model says the first trial and the run would last
+              more than half the budget at 1 (`model_seconds`, testbed.emulation.dilation's
+              `first_factor`: faster than real time)
+    timeout   each trial and the run wait --timeout times their factor, if above 1 (`dilated`)
     the run   at the faithful trial's factor, else at the largest factor measured; its summary
               adds `dilation_search` (one row per trial), `dilation_search_result` (one line) and
               `dilation_search_s`; `emulation_faithful` says, as for every emulated run, whether
@@ -37,18 +40,26 @@ from typing import Any
 
 from testbed.analysis.results import new_run_id, write_json
 from testbed.config import RunConfig, with_overrides
+from testbed.config.environment import MIN_DILATION
 from testbed.config.faultspec import Faults
-from testbed.emulation.dilation import TRIAL_STEPS, affordable_factor, faithful, next_factor
+from testbed.emulation.dilation import (
+    TRIAL_STEPS,
+    affordable_factor,
+    faithful,
+    first_factor,
+    next_factor,
+)
 
 MIN_RAISE = 1.25  # a capped next factor below this multiple of the current one is not worth a trial
 CEILING = 100_000.0  # --dilation's own upper limit
 
 
 def execute_auto(cfg: RunConfig, execute: Callable[..., Any], *, run_id: str | None = None,
-                 launched: float | None = None, start: float = 1.0) -> Any:
+                 launched: float | None = None, start: float | None = None) -> Any:
     """Search a factor for cfg (its --dilation auto), then run cfg at it; the run's Outcome.
     `execute`: testbed.session.execute.execute, which runs each trial and the run. `start`: the
-    first trial's factor (1 for a run; the map's checks start where their step lasts a second)."""
+    first trial's factor (None for a run: `first_factor` of the model's emulated time, 1 unless
+    the run is long; the map's checks start where their step lasts a second)."""
     from testbed.runtime.rayprocs import start_ray, stop_ray
     from testbed.session.interrupts import INTERRUPTS
 
@@ -63,6 +74,8 @@ def execute_auto(cfg: RunConfig, execute: Callable[..., Any], *, run_id: str | N
             except Exception:  # noqa: BLE001 - the run below reports why Ray cannot start, as any run does
                 started = False
             t0 = time.monotonic()
+            if start is None:
+                start = first_factor(model_seconds(cfg), cfg.network.fidelity_budget_s, MIN_DILATION)
             cfg, factor, trials, result, last = _search(cfg, search_dir, t0, execute, start)
             if last is not None and last.exit_code == 130:  # interrupted during a trial: the command ends
                 return last
@@ -87,8 +100,35 @@ def dilated(cfg: RunConfig, factor: float, **more: Any) -> RunConfig:
     """cfg at --dilation `factor`, its --timeout stretched as much: every wait of a run dilated D
     times lasts D times longer, so the factor the search picks must not turn the run's own
     waits into hangs."""
-    return with_overrides(cfg, **{"network.dilation": factor, "cluster.timeout_s": cfg.cluster.timeout_s * factor},
-                          **more)
+    return with_overrides(cfg, **{"network.dilation": factor,
+                                  "cluster.timeout_s": cfg.cluster.timeout_s * max(1.0, factor)}, **more)
+
+
+def model_seconds(cfg: RunConfig) -> float | None:
+    """The emulated time the search's first trial and the run after it would last by the cost
+    model (the spec's own prediction, as the map makes it before any run: compute plus
+    communication per worker iteration, times the iterations), or None where the model has no
+    prediction. Where the first trial is the whole run, the run's alone."""
+    from testbed.analysis.costmodel import NotModelled
+    from testbed.strategies.registry import SPECS
+    from testbed.workloads import tensor_plan
+
+    spec = SPECS[cfg.strategy]
+    if cfg.network.bandwidth_Bps is None:
+        return None
+    try:
+        sizes, shares = tensor_plan(cfg.workload, seed=cfg.seed)
+        comm = spec.predict(cfg, spec.plan(cfg, sizes, shares), cfg.network.latency_s, cfg.network.bandwidth_Bps).comm_s
+    except (NotModelled, ValueError, KeyError):
+        return None
+    per_step = 1 if spec.synchronous(cfg) else cfg.workers
+
+    def rounds(updates: int) -> int:
+        return -(-updates // per_step)
+
+    whole = cfg.steps <= TRIAL_STEPS * per_step and not cfg.faults.fail.items
+    iterations = rounds(cfg.steps) if whole else rounds(TRIAL_STEPS * per_step) + rounds(cfg.steps)
+    return iterations * (cfg.workload.compute_ms / 1000.0 + comm)
 
 
 def _promote(trial: Any, cfg: RunConfig, run_id: str, annotate: dict[str, Any]) -> Any:

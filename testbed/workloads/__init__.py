@@ -7,7 +7,9 @@ so most workers stay light.
 
 from __future__ import annotations
 
-from testbed.config import WorkloadConfig
+from dataclasses import replace
+
+from testbed.config import Payload, WorkloadConfig
 from testbed.workloads.base import Workload
 
 
@@ -26,4 +28,12 @@ def make_workload(cfg: WorkloadConfig, *, seed: int, workers: int, device: str =
     return TorchWorkload(cfg, seed=seed, workers=workers, device=device)
 
 
-__all__ = ["Workload", "make_workload"]
+def tensor_plan(cfg: WorkloadConfig, *, seed: int) -> tuple[list[int], list[float] | None]:
+    """The workload's logical tensor sizes and backward shares, from the workload a run builds
+    (its smallest payload: the sizes are logical, the arrays one element per tensor): what a
+    spec's `plan` needs to predict a run before it starts (the map, --dilation auto)."""
+    work = make_workload(replace(cfg, payload=Payload(1e-12)), seed=seed, workers=1)
+    return work.logical_sizes(), getattr(work, "backward_share", None)
+
+
+__all__ = ["Workload", "make_workload", "tensor_plan"]

@@ -190,6 +190,38 @@ def test_auto_dilation_searches_upwards_by_its_rule_and_the_last_trial_is_the_ru
         assert t["emulation_fidelity"] > idle_at[(t["dilation"], t["real_workers"])], (busy["dilation_search"], trials)
 
 
+def test_a_long_run_is_searched_from_a_factor_below_one_and_reports_the_emulated_clock(tmp_path):
+    """mapreduce at N = 4 with 100 MiB at 100 Mbit/s steps in 42 s by the model, its 4 updates
+    168 s of emulated time against a 10 s budget: the search's first factor is the one that fits
+    them in half of it (`first_factor`: 0.029), so the run goes faster than real time. Whatever
+    the factor the search ends at, the budget buys none of 1 or more, so the whole run (start-up
+    included) takes less real time than the emulated time it reports; and its records are on the
+    emulated clock: the step the model predicts, within 10% plus what the run measured arriving
+    late (this machine's cost, here multiplied by 1/D)."""
+    import time
+
+    from testbed.config.environment import MIN_DILATION
+    from testbed.emulation.dilation import first_factor
+    from testbed.session.autodilate import model_seconds
+    from testbed.session.execute import execute
+
+    cfg = make_config(strategy="mapreduce", workers=4, steps=4, out=str(tmp_path), quiet=True, **{
+        "workload.grad_mb": 100.0, "workload.payload": "scaled:0.001", "workload.compute_ms": 0.0,
+        "network.bandwidth": "100Mbit", "network.latency": "50us", "network.dilation": "auto",
+        "network.fidelity_budget_s": 10.0})
+    start = time.monotonic()
+    outcome = execute(cfg)
+    real = time.monotonic() - start
+    assert outcome.exit_code == 0, outcome.error_line
+    s = outcome.summary
+    first = s["dilation_search"][0]["dilation"]
+    assert first == first_factor(model_seconds(cfg), 10.0, MIN_DILATION) < 0.05
+    assert s["dilation"] == s["dilation_search"][-1]["dilation"] < 1
+    assert real < s["train_wall_s"], (real, s["train_wall_s"], s["dilation_search"])
+    tol = 0.10 + s["emulation_leak_frac"]
+    assert s["step_time_mean_s"] == pytest.approx(s["predicted_step_s"], rel=tol), s
+
+
 def _processes_below(root: int) -> list[int]:
     """`root` and every process started under it (here: this test's Ray, its workers among them)."""
     children: dict[int, list[int]] = {}

@@ -5,6 +5,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from testbed.config import RunConfig, validate, with_overrides
 from testbed.session.autodilate import _search, fewer_real_workers
 from testbed.strategies.registry import SPECS
@@ -76,3 +78,23 @@ def test_a_raise_the_budget_cuts_short_halves_the_real_workers_first(tmp_path: P
             "status": "completed", "emulation_fidelity": fid, "emulation_leak_frac": 0.0, "step_time_mean_s": 15.0})
     cfg, factor, _, result, _ = _search(config(strategy="ps-sync"), tmp_path, time.monotonic(), execute)
     assert seen == [(1.0, 16), (1.0, 8)] and (cfg.real_workers, factor) == (8, 1.0) and result.startswith("faithful")
+
+
+def test_the_model_seconds_are_the_first_trial_and_the_run_by_the_specs_own_prediction():
+    """mapreduce's step is its compute plus 2a + (N+1) K / B at the driver (the pipelined model):
+    4 updates, no longer than a trial, are the whole run, so the search's first trial lasts 4
+    steps; 100 updates are a trial of TRIAL_STEPS and the run's 100. At 1.2 GB, N = 128 and 10
+    Gbit/s that is 520 s, more than half the 300 s budget, so the search starts faster than real
+    time; 100 MiB at N = 8 does not. No emulated network: no prediction."""
+    from testbed.config.environment import MIN_DILATION
+    from testbed.emulation.dilation import TRIAL_STEPS, first_factor
+    from testbed.session.autodilate import model_seconds
+
+    big = config(strategy="mapreduce", workers=128, **{"workload.grad_mb": 1200.0, "workload.compute_ms": 100.0})
+    step = 0.1 + 129 * 1200 * 2**20 / 1.25e9  # latency 0
+    assert model_seconds(big) == pytest.approx(4 * step, rel=1e-9)
+    assert model_seconds(with_overrides(big, steps=100)) == pytest.approx((TRIAL_STEPS + 100) * step)
+    assert first_factor(model_seconds(big), 300.0, MIN_DILATION) == 0.28
+    small = config(strategy="mapreduce", workers=8, **{"workload.grad_mb": 100.0})
+    assert first_factor(model_seconds(small), 300.0, MIN_DILATION) == 1.0
+    assert model_seconds(with_overrides(small, **{"network.bandwidth": None})) is None

@@ -11,6 +11,7 @@ from testbed.analysis.records import Recorder, StepRecord, UpdateRecord
 from testbed.config import NetworkConfig
 from testbed.emulation.dilation import (
     FIDELITY_TOLERANCE,
+    FIRST_SHARE,
     LEAK_LIMIT,
     MAX_GROWTH,
     MIN_GROWTH,
@@ -18,6 +19,7 @@ from testbed.emulation.dilation import (
     advice,
     affordable_factor,
     faithful,
+    first_factor,
     is_duration,
     is_instant,
     is_rate,
@@ -48,9 +50,17 @@ def test_extras_take_lists_of_durations_and_rows():
                    "ps_shards": 2, "server_busy_frac": [0.5]}
 
 
-def test_factor_below_one_is_refused():
-    with pytest.raises(ValueError, match="dilation 0.5"):
-        Dilation(0.5, 0.0)
+def test_a_factor_below_one_runs_faster_than_real_time_and_reports_the_same_way():
+    """D = 0.25: the emulated cluster runs 4x faster than real time; a real second is 4 emulated
+    ones, and the link is 4x faster with a quarter of the latency. Zero and below are refused."""
+    d = Dilation(0.25, origin=10.0)
+    assert d.instant(11.0) == 14.0 and d.duration(0.5) == 2.0
+    assert d.value("algbw_Bps", 1e6) == pytest.approx(0.25e6)
+    link = Endpoint(NetworkConfig(bandwidth="8Gbit", latency="40us", dilation=0.25), "w").nic.link
+    assert link.bandwidth == pytest.approx(4e9) and link.latency == pytest.approx(10e-6)
+    for bad in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match=f"dilation {bad!r}"):
+            Dilation(bad, 0.0)
 
 
 def _unit(text: str) -> str:
@@ -174,6 +184,43 @@ def test_a_busier_machine_gets_a_factor_at_least_as_large():
     # on the model by chance, with more of its messages late: the same, read from the leak
     late = [next_factor(2.0, 1.0, leak) for leak in (2 * LEAK_LIMIT, 8 * LEAK_LIMIT, 100 * LEAK_LIMIT)]
     assert late == sorted(late) and late[-1] > late[0]
+
+
+@pytest.mark.parametrize("dilation", [0.07, 0.3])
+def test_from_below_one_the_search_raises_by_the_same_rule_to_two_significant_digits(dilation):
+    """A first trial faster than real time (`first_factor`) that measured too much: the next
+    factor is the same root rule, rounded up to two significant digits while below 1, and the
+    rule's whole numbers from 1 on."""
+    for fidelity in (1.06, 1.3, 3.0):
+        nxt = next_factor(dilation, fidelity, 0.0)
+        growth = min(MAX_GROWTH, max(MIN_GROWTH, math.sqrt(wanted_factor(dilation, fidelity, 0.0) / dilation)))
+        raised = dilation * growth
+        assert nxt >= raised - 1e-12
+        if raised < 1:
+            assert nxt - raised < 0.1 * raised and float(f"{nxt:.2g}") == nxt
+        else:
+            assert nxt == math.ceil(raised)
+
+
+def test_the_first_factor_is_one_unless_the_model_says_the_run_takes_most_of_the_budget():
+    """The first trial and the run within half the budget at D = 1: start there. Longer (by the
+    model): the factor that fits them in that half, two significant digits rounded down, never
+    below the floor; no prediction: 1."""
+    assert first_factor(None, 300.0, 0.01) == first_factor(0.0, 300.0, 0.01) == 1.0
+    assert first_factor(FIRST_SHARE * 300.0, 300.0, 0.01) == 1.0
+    d = first_factor(520.0, 300.0, 0.01)  # mapreduce N = 128, 1.2 GB, 10 Gbit/s, 4 updates
+    assert d == 0.28 and 520.0 * d <= FIRST_SHARE * 300.0 < 520.0 * (d + 0.01)
+    assert first_factor(1e9, 300.0, 0.01) == 0.01
+
+
+def test_advice_from_below_one_may_stay_below_one():
+    """A run at D = 0.1 measuring 1.2x: the excess, 0.2 x 0.1 real seconds per emulated one,
+    falls to half the tolerance at D' = 0.8, which the advice names (at least twice the factor)."""
+    line = advice(1.2, 1.0, 0.1, True)
+    better = float(line.split("--dilation ")[1].split()[0])
+    assert better == 0.8 and 0.2 * 0.1 / better <= FIDELITY_TOLERANCE / 2 + 1e-12
+    # late by 0.6x at D = 0.1: 0.12 would absorb it, the advice doubles the factor at least
+    assert float(advice(0.92, 1.0, 0.1, True, leak=0.6).split("--dilation ")[1].split()[0]) == 0.2
 
 
 def test_the_search_stops_where_more_dilation_cannot_help():

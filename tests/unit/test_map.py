@@ -15,9 +15,10 @@ from testbed.config import RunConfig, with_overrides
 from testbed.map import accuracy, report, spotchecks
 from testbed.map.grid import parse_grid
 from testbed.map.rank import CELL, rank
-from testbed.map.table import configurations, predictions, tensor_plan
+from testbed.map.table import configurations, predictions
 from testbed.strategies.registry import SPECS
 from testbed.util import units
+from testbed.workloads import tensor_plan
 
 FAST_S = 20  # far less than a Ray start and a check run
 
@@ -71,7 +72,7 @@ def test_cells_rank_apart():
 def test_every_strategy_offers_configurations_that_validate_and_plan():
     base = parse_grid(workload="profile:resnet50", workers="8", bandwidth="10Gbit", latency="50us",
                       compute_ms=100, node_size=4).base()
-    sizes, shares = tensor_plan(base)
+    sizes, shares = tensor_plan(base.workload, seed=base.seed)
     found = configurations(base, 8, node_size=4)
     assert {c.spec.name for c in found} == set(SPECS)
     assert all(c.config is not None for c in found), [c.refused for c in found if c.config is None]
@@ -109,7 +110,7 @@ ALL_WHOLE = "ps-sync k=N dedicated, unpartitioned"
 def _ring_buckets(profile, n):
     base = parse_grid(workload=profile, workers=str(n), bandwidth="1Gbit", latency="0us", compute_ms=0).base()
     ring = next(c for c in configurations(base, n) if c.variant.label == RING)
-    return ring.spec.plan(ring.config, *tensor_plan(base))["buckets"]
+    return ring.spec.plan(ring.config, *tensor_plan(base.workload, seed=base.seed))["buckets"]
 
 
 def test_the_ring_beats_one_server_wherever_bandwidth_matters(shipped):
