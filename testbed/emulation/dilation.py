@@ -17,8 +17,8 @@ D times smaller:
 
 D below 1 runs the emulated cluster faster than real time, and multiplies this machine's
 overheads by 1/D instead: worth it where an emulated step lasts far longer than the real work of
-its messages (mapreduce at N = 128 with a 1.2 GB gradient: the driver's step is 2 N K / B, 258 s at
-10 Gbit/s, against a few ms of calls). `--dilation auto` starts there where the model says the
+its messages (mapreduce at N = 128 with a 1.2 GB gradient: the driver's step is (N+1) K / B, 130 s
+at 10 Gbit/s, against a few ms of calls). `--dilation auto` starts there where the model says the
 run at D = 1 would take most of its budget (`first_factor`), and the fidelity it measures still
 decides: an unfaithful trial raises D as from any factor.
 
@@ -222,8 +222,8 @@ def first_factor(emulated_s: float | None, budget_s: float, floor: float) -> flo
     D = 1; then the factor that fits them in that share (two significant digits, rounded down),
     at least `floor` (--dilation's lower limit). None or 0 (no prediction): 1.
 
-        mapreduce N = 128, 1.2 GB, 10 Gbit/s: a step of 258 s, 4 updates (the trial is the run):
-        1,032 s at D = 1 against 150 s, so D = 0.14 (144 s of wall time, plus start-up)
+        mapreduce N = 128, 1.2 GB, 10 Gbit/s: a step of 130 s, 4 updates (the trial is the run):
+        520 s at D = 1 against 150 s, so D = 0.28 (146 s of wall time, plus start-up)
     """
     if not emulated_s or emulated_s <= FIRST_SHARE * budget_s:
         return 1.0

@@ -99,7 +99,7 @@ def execute_auto(cfg: RunConfig, execute: Callable[..., Any], *, run_id: str | N
 def dilated(cfg: RunConfig, factor: float, **more: Any) -> RunConfig:
     """cfg at --dilation `factor`, its --timeout stretched as much: every wait of a run dilated D
     times lasts D times longer, so the factor the search picks must not turn the run's own
-    waits into hangs."""
+    waits into hangs. Below 1 it stays: a wait is no shorter than on this machine's own clock."""
     return with_overrides(cfg, **{"network.dilation": factor,
                                   "cluster.timeout_s": cfg.cluster.timeout_s * max(1.0, factor)}, **more)
 
@@ -121,14 +121,23 @@ def model_seconds(cfg: RunConfig) -> float | None:
         comm = spec.predict(cfg, spec.plan(cfg, sizes, shares), cfg.network.latency_s, cfg.network.bandwidth_Bps).comm_s
     except (NotModelled, ValueError, KeyError):
         return None
-    per_step = 1 if spec.synchronous(cfg) else cfg.workers
+    per_step, whole, trial_steps = _trials(cfg)
 
     def rounds(updates: int) -> int:
         return -(-updates // per_step)
 
-    whole = cfg.steps <= TRIAL_STEPS * per_step and not cfg.faults.fail.items
-    iterations = rounds(cfg.steps) if whole else rounds(TRIAL_STEPS * per_step) + rounds(cfg.steps)
+    iterations = rounds(cfg.steps) if whole else rounds(trial_steps) + rounds(cfg.steps)
     return iterations * (cfg.workload.compute_ms / 1000.0 + comm)
+
+
+def _trials(cfg: RunConfig) -> tuple[int, bool, int]:
+    """(updates per round of every worker's iteration, whether a trial is the whole run, a
+    trial's updates): TRIAL_STEPS rounds, or the run where it is no longer and has no --fail."""
+    from testbed.strategies.registry import SPECS
+
+    per_step = 1 if SPECS[cfg.strategy].synchronous(cfg) else cfg.workers
+    whole = cfg.steps <= TRIAL_STEPS * per_step and not cfg.faults.fail.items
+    return per_step, whole, min(cfg.steps, TRIAL_STEPS * per_step)
 
 
 def _promote(trial: Any, cfg: RunConfig, run_id: str, annotate: dict[str, Any]) -> Any:
@@ -166,11 +175,7 @@ def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
     run goes at the last trial's factor, so that trial is the run, faithful or not). Where the
     budget cuts the factor it would raise to, the search goes on with half the real workers (the
     others emulated peers) at the same factor, while there are fewer to have."""
-    from testbed.strategies.registry import SPECS
-
-    per_step = 1 if SPECS[cfg.strategy].synchronous(cfg) else cfg.workers
-    whole = cfg.steps <= TRIAL_STEPS * per_step and not cfg.faults.fail.items
-    trial_steps = min(cfg.steps, TRIAL_STEPS * per_step)
+    _, whole, trial_steps = _trials(cfg)
     budget = cfg.network.fidelity_budget_s
     trials: list[dict[str, Any]] = []
     factor = float(start)
