@@ -16,8 +16,10 @@ updates of a synchronous step, STEPS x N of asynchronous ones, one worker's grad
 - `--payload scaled:F`, F = PHYSICAL_BYTES / K: every byte count and emulated transfer uses the
   logical gradient, so the physical arrays only cost memory and copies;
 - `--dilation auto` (testbed.session.autodilate, the search every run gets by default), its
-  first trial at D = ceil(REAL_STEP_S / predicted step), where the emulated step lasts about a
-  real second, beside which this machine's own cost per message shrinks D-fold
+  first trial at D = REAL_STEP_S / predicted step (a whole factor from 1 on, two significant
+  digits below 1, at least --dilation's 0.01), where the emulated step lasts about a real
+  second: beside it this machine's own cost per message shrinks D-fold, and a cell whose step
+  lasts minutes (ps or mapreduce at 1 Gbit/s) is checked faster than real time
   (docs/emulation.md, "Fidelity at scale"); the search raises D while the trial is not faithful,
   within CHECK_BUDGET_S. A check is no longer than a trial, so its last trial is the check.
 
@@ -38,7 +40,7 @@ from typing import Any
 import pandas as pd
 
 from testbed.config import Payload, RunConfig, with_overrides
-from testbed.config.environment import AUTO
+from testbed.config.environment import AUTO, MIN_DILATION
 from testbed.emulation.dilation import LEAK_LIMIT
 from testbed.map.table import whole_rounds
 from testbed.strategies.registry import SPECS
@@ -116,7 +118,11 @@ def per_step(cfg: RunConfig) -> int:
 
 
 def dilation_for(predicted_step_s: float) -> float:
-    return float(min(MAX_DILATION, max(1, math.ceil(REAL_STEP_S / predicted_step_s))))
+    """The first trial's factor: where the dilated step lasts about REAL_STEP_S."""
+    wanted = REAL_STEP_S / predicted_step_s
+    if wanted < 1:
+        return max(MIN_DILATION, float(f"{wanted:.2g}"))
+    return float(min(MAX_DILATION, math.ceil(wanted)))
 
 
 def check_config(cfg: RunConfig, predicted_step_s: float, k_bytes: float, runs_dir: Path) -> RunConfig:

@@ -382,3 +382,14 @@ def test_with_a_target_the_report_also_says_the_synchronous_answer():
     alone = both[both.index("## Synchronous steps alone"):]
     assert "**stale**" in both[:both.index("## Synchronous steps alone")] and "**sync**" in alone
     assert "## Synchronous steps alone" not in report.markdown("t", "cmd", cells, cells, empty, "x", [])
+
+
+def test_a_check_starts_where_its_dilated_step_lasts_about_a_second_faster_than_real_time_if_long():
+    """A 0.35 s step starts at D = 3 (1.05 s); a 1.5 s step at 0.67 (1.0 s), faster than real
+    time; a step of minutes at --dilation's floor, 0.01; a very short one at MAX_DILATION."""
+    from testbed.config.environment import MIN_DILATION
+
+    assert spotchecks.dilation_for(0.35) == 3.0 and spotchecks.dilation_for(1.0) == 1.0
+    assert spotchecks.dilation_for(1.5) == 0.67
+    assert spotchecks.dilation_for(130.0) == MIN_DILATION == 0.01
+    assert spotchecks.dilation_for(1e-6) == spotchecks.MAX_DILATION
