@@ -40,7 +40,7 @@ def save(fig: Figure, path_stem: str | os.PathLike) -> list[Path]:
     for ext in ("png", "svg"):
         path = stem.with_name(f"{stem.name}.{ext}")  # with_suffix would eat a dotted stem
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        fig.savefig(tmp, format=ext, dpi=120)
+        fig.savefig(tmp, format=ext, dpi=120, bbox_inches="tight")  # a long title or an outside legend stays whole
         os.replace(tmp, path)
         paths.append(path)
     return paths
