@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from testbed.session.interrupts import INTERRUPTS
+from testbed.util.machine import BUSY_SHARE
 
 if TYPE_CHECKING:
     from testbed.config import RunConfig
@@ -100,6 +101,18 @@ def process_started() -> float | None:
         return None
 
 
+def machine_line(s: dict[str, Any]) -> str:
+    """How busy the machine was while the run trained, and how much of it was other processes'."""
+    line = f"{s['machine_cpu_busy']:.0%}"
+    foreign = s.get("foreign_cpu_share")
+    if foreign is None:
+        return line + "  (attached to a Ray cluster: other processes' share unknown)"
+    line += f"  ({foreign:.0%} by other processes)"
+    if foreign >= BUSY_SHARE:
+        line += ": a BUSY machine, whose contention is in every time measured; rerun when quiet"
+    return line
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """The human table printed at the end of a run."""
     def num(key: str, fmt: str = "{:.3g}") -> str:
@@ -144,6 +157,8 @@ def format_summary(s: dict[str, Any]) -> str:
         rows.append(("comm measured / predicted",
                      f"{ms('comm_s_per_step')} / {ms('predicted_comm_s')}  "
                      f"({num(ratio, '{:.3f}')}x{dilated}{source})"))
+    if s.get("machine_cpu_busy") is not None:
+        rows.append(("machine CPUs busy", machine_line(s)))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 

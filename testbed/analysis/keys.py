@@ -154,15 +154,25 @@ SUMMARY = {
                                         "real per-message cost leaked into; near 0 means the emulator hid it"),
     "emulation_fidelity": ("ratio", "emulated network: `comm_s_per_step / predicted_comm_s`; 1 is a "
                                     "perfect emulation"),
+    "machine_cpu_busy": ("fraction", "the share of all the machine's CPUs busy while the strategy trained "
+                                     "(Linux /proc/stat; null elsewhere), this run's processes included"),
+    "foreign_cpu_share": ("fraction", "the share of all the machine's CPUs that processes other than this "
+                                      "run's (the driver, the Ray it started and their descendants) used while "
+                                      "it trained: contention a measurement cannot tell from its own cost; "
+                                      "null where Ray was not started by this process (attached to a cluster). "
+                                      "Linux counts both in ticks (10 ms) per process and per CPU, so a window "
+                                      "of under a second is good to a few ticks a process: a short run's may "
+                                      "come out a little below 0"),
     "emulation_faithful": ("", "emulated network: true when `emulation_fidelity` is within 5% of 1 and "
                                "`emulation_leak_frac` at most 0.5, false when not (at least 3 updates; "
                                "null otherwise): a run that is not faithful keeps its numbers and says so here"),
     "dilation_search": ("", "--dilation auto: one row per trial run (`dilation`, `status`, "
                             "`emulation_fidelity`, `emulation_leak_frac`, `faithful`, `step_time_mean_s` "
                             "as the trial reported it, `wall_s` real seconds, `run_id` under dilation-search/, or "
-                            "this run's own where the last trial was the whole run)"),
+                            "this run's own where the last trial was the whole run, `foreign_cpu_share`)"),
     "dilation_search_result": ("", "--dilation auto: one line, why the search stopped at `dilation` "
-                                   "(faithful, the budget, or more dilation cannot help)"),
+                                   "(faithful, the budget, or more dilation cannot help), and where other processes "
+                                   "used a quarter of the CPUs or more in a trial, how much"),
     "dilation_search_s": ("s", "--dilation auto: real seconds the trials took, a trial that was the "
                               "whole run included (never divided by the dilation)"),
     "fidelity_warning": ("", "emulated network: one line when `emulation_fidelity` is off by more than "

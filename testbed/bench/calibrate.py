@@ -88,10 +88,10 @@ def run_network(ns: argparse.Namespace, prog: str) -> dict[str, Any]:
     import ray
 
     from testbed.analysis.provenance import provenance
-    from testbed.bench.machine import busy_fraction
     from testbed.config import ClusterConfig
     from testbed.runtime.cluster import Cluster
     from testbed.runtime.rayprocs import start_ray, stop_ray
+    from testbed.util.machine import busy_fraction
 
     probe = Cluster(ClusterConfig(timeout_s=ns.timeout, address=ns.address), workers=2, servers=1)
     probe.precheck_local()

@@ -247,7 +247,7 @@ def run_allreduce(ns: argparse.Namespace) -> dict[str, Any]:
     cluster.precheck_local()
     rows: list[dict[str, Any]] = []
     lats: list[dict[str, Any]] = []
-    from testbed.bench.machine import busy_fraction, system_cpu_s
+    from testbed.util.machine import busy_fraction, system_cpu_s
 
     busy_before = busy_fraction(1.0)  # before Ray and our actors add their own load
     sys0, wall0, ours = system_cpu_s(), time.time(), -sum(os.times()[:2])

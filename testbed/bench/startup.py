@@ -45,8 +45,8 @@ import threading
 import time
 from typing import Any
 
-from testbed.bench.machine import busy_fraction, stolen_cpu_s, used_memory
 from testbed.config import MAX_WORKERS, ConfigError
+from testbed.util.machine import busy_fraction, stolen_cpu_s, used_memory
 
 DEFAULT_CASES = "default,synthetic:64"
 DEFAULT_ARGV = ["--strategy", "ring", "--workers", "8"]  # the README's main command

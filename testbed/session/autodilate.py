@@ -22,7 +22,8 @@ search measures as it goes instead of trusting one run's advice, and a worked sc
     the run   at the faithful trial's factor, else at the largest factor measured; its summary
               adds `dilation_search` (one row per trial), `dilation_search_result` (one line) and
               `dilation_search_s`; `emulation_faithful` says, as for every emulated run, whether
-              the run itself was faithful
+              the run itself was faithful; the result line says where other processes used at
+              least BUSY_SHARE of the CPUs in a trial (`foreign_cpu_share`, each trial's row)
 
 One Ray serves the trials and the run (started here when none is up), so each trial costs its
 actors' start-up and its steps, not Ray's.
@@ -49,6 +50,7 @@ from testbed.emulation.dilation import (
     first_factor,
     next_factor,
 )
+from testbed.util.machine import BUSY_SHARE
 
 MIN_RAISE = 1.25  # a capped next factor below this multiple of the current one is not worth a trial
 CEILING = 100_000.0  # --dilation's own upper limit
@@ -168,6 +170,17 @@ def fewer_real_workers(cfg: RunConfig) -> RunConfig | None:
     return with_overrides(cfg, **{"cluster.real_workers": k // 2, "cluster.workers_per_process": per_process})
 
 
+def busy_note(trials: list[dict[str, Any]]) -> str:
+    """What the result line says of other processes' load where it was heavy in a trial (at least
+    BUSY_SHARE of the CPUs): their contention is what the factor paid for, as much as this run's
+    own cost, so a quieter machine is faithful at a smaller one; else nothing."""
+    shares = [t["foreign_cpu_share"] for t in trials if t.get("foreign_cpu_share") is not None]
+    if not shares or max(shares) < BUSY_SHARE:
+        return ""
+    return (f"; other processes used up to {max(shares):.0%} of this machine's CPUs during the trials "
+            "(a quieter machine needs a smaller factor)")
+
+
 def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
             start: float = 1.0) -> tuple[RunConfig, float, list[dict[str, Any]], str, Any]:
     """(the config for the run, its factor, trial rows, the one-line result, Outcome or None): the
@@ -193,7 +206,8 @@ def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
         row = {"dilation": factor, "status": s.get("status", "failed"),
                "emulation_fidelity": s.get("emulation_fidelity"), "emulation_leak_frac": s.get("emulation_leak_frac"),
                "step_time_mean_s": s.get("step_time_mean_s"), "wall_s": time.monotonic() - start,
-               "run_id": outcome.folder.name if outcome.folder else None, "real_workers": cfg.real_workers}
+               "run_id": outcome.folder.name if outcome.folder else None, "real_workers": cfg.real_workers,
+               "foreign_cpu_share": s.get("foreign_cpu_share")}
         row["faithful"] = faithful(row["emulation_fidelity"], row["emulation_leak_frac"])
         trials.append(row)
         if row["status"] != "completed":
@@ -202,6 +216,7 @@ def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
         def stop(result: str, factor: float = factor, outcome: Any = outcome,
                  cfg: RunConfig = cfg) -> tuple[RunConfig, float, list[dict[str, Any]], str, Any]:
             """The run goes at this trial's factor: where the trial was the whole run, it is the run."""
+            result += busy_note(trials)
             if whole:
                 return cfg, factor, trials, f"{result}; the last trial was the run", outcome
             return cfg, factor, trials, result, None

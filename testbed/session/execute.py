@@ -53,6 +53,7 @@ from testbed.runtime.reaper import end_ray_processes
 from testbed.session.evaluation import Evaluator
 from testbed.session.interrupts import INTERRUPTS, Interrupts
 from testbed.strategies.contract import StrategySpec
+from testbed.util.machine import CpuWindow
 
 SHUTDOWN_S = 60.0  # stopping the actors and Ray after a run that ended normally
 SHUTDOWN_INTERRUPTED_S = 5.0  # ... and after a signal or a failure (Ray may be half gone)
@@ -126,6 +127,8 @@ class _Run:
         self.recorder = Recorder(max_skipped=cfg.faults.max_skipped)
         self.params: Any = None
         self.extra: dict[str, Any] = {}
+        self.cpu: CpuWindow | None = None  # the machine's CPU while the strategy trains
+        self.load: dict[str, Any] | None = None
         self.marks: dict[str, float | None] = {"launched": launched, "session": time.time()}  # start-up milestones
 
     def execute(self) -> Outcome:
@@ -188,7 +191,9 @@ class _Run:
         self.strategy.setup()
         self.marks["actors"] = time.time()
         self.recorder.dilate(cfg.network.factor, origin=self.marks["actors"])  # the emulated cluster's clock
+        self.cpu = CpuWindow()
         self.strategy.run(self.recorder)
+        self.load = self.cpu.shares()
         self.evaluator.finish(cfg.cluster.timeout_s)  # the versions still queued (the actors hold PS snapshots)
         self.params = self.strategy.parameters()
         self.extra = self.strategy.summary_extra()
@@ -226,8 +231,10 @@ class _Run:
         with self.interrupts.shielded():
             summary = None
             if self.log is not None:
-                summary = finish(self.folder, self.spec, self.cfg, self.recorder, self.ended, self.params,
-                                 {**self.recorder.summary_extras(self.extra), **self.annotate}, self.marks,
+                if self.load is None and self.cpu is not None:  # training ended early: what it had
+                    self.load = self.cpu.shares()
+                extra = {**self.recorder.summary_extras(self.extra), **(self.load or {}), **self.annotate}
+                summary = finish(self.folder, self.spec, self.cfg, self.recorder, self.ended, self.params, extra, self.marks,
                                  self.evaluator)
                 self.log.close()
             completed = self.ended.status == "completed"

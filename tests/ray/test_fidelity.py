@@ -7,13 +7,18 @@ import contextlib
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from testbed.util.machine import cpu_count, processes_below
 from tests.ray.helpers import make_config, run_strategy
+
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37  # linux/prctl.h
+HOG_LIMIT_S = 300  # a CPU hog's own end, should the test that started it die first (pytest's timeout)
 
 
 def test_dilation_stretches_compute_and_network_and_reports_them_undilated():
@@ -188,6 +193,10 @@ def test_auto_dilation_searches_upwards_by_its_rule_and_the_last_trial_is_the_ru
     assert common and common[0]["dilation"] == 1.0
     for t in common:
         assert t["emulation_fidelity"] > idle_at[(t["dilation"], t["real_workers"])], (busy["dilation_search"], trials)
+    # and each busy trial says so: the hogs had at least half of their core (16 loops beside the
+    # run's few processes), which the run counts as other processes' load, not its own
+    shares = [t["foreign_cpu_share"] for t in busy["dilation_search"]]
+    assert all(share >= 0.5 / cpu_count() for share in shares), shares
 
 
 def test_a_long_run_is_searched_from_a_factor_below_one_and_reports_the_emulated_clock(tmp_path):
@@ -222,25 +231,6 @@ def test_a_long_run_is_searched_from_a_factor_below_one_and_reports_the_emulated
     assert s["step_time_mean_s"] == pytest.approx(s["predicted_step_s"], rel=tol), s
 
 
-def _processes_below(root: int) -> list[int]:
-    """`root` and every process started under it (here: this test's Ray, its workers among them)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):  # gone meanwhile
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
-
-
 def _pin(pids: list[int], cpus: set[int]) -> None:
     for pid in pids:
         try:
@@ -255,20 +245,45 @@ def _pin(pids: list[int], cpus: set[int]) -> None:
 
 
 @contextlib.contextmanager
-def _one_core(hogs: int):
-    """This process, the Ray below it and `hogs` busy loops on one core; all cores again after."""
-    allowed = os.sched_getaffinity(0)
-    core = {min(allowed)}
-    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+def _no_subreaper():
+    """This process not a child subreaper (Linux prctl) inside, as it was after."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    was = ctypes.c_int(0)
+    libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
     try:
-        _pin([h.pid for h in loops], core)
-        _pin(_processes_below(os.getpid()), core)
         yield
     finally:
-        for h in loops:
-            h.kill()
-            h.wait()
-        _pin(_processes_below(os.getpid()), allowed)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, was.value, 0, 0, 0)
+
+
+@contextlib.contextmanager
+def _one_core(hogs: int):
+    """This process, the Ray below it and `hogs` busy loops on one core; all cores again after.
+    The loops are left behind by a shell, so they are not below this process: to the run they
+    are other processes' load (`foreign_cpu_share`), as a user's other programs are. (Ray makes
+    its driver a subreaper, which adopts its descendants' orphans: not while the shell ends.)
+    Each loop also ends by itself after the suite's per-test limit, should this process die
+    before it kills them."""
+    allowed = os.sched_getaffinity(0)
+    core = {min(allowed)}
+    loop = f"import time\nend = time.monotonic() + {HOG_LIMIT_S}\nwhile time.monotonic() < end: pass"
+    with _no_subreaper():
+        started = subprocess.run(["sh", "-c", f'for i in $(seq {hogs}); do "{sys.executable}" -c "$0" >/dev/null 2>&1 & '
+                                              'echo $!; done', loop], capture_output=True, text=True, check=True)
+    loops = [int(pid) for pid in started.stdout.split()]
+    assert not set(loops) & set(processes_below(os.getpid()))
+    try:
+        _pin(loops, core)
+        _pin(processes_below(os.getpid()), core)
+        yield
+    finally:
+        for pid in loops:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _pin(processes_below(os.getpid()), allowed)
 
 
 def test_a_run_the_budget_cannot_make_faithful_says_so_in_its_summary(tmp_path):

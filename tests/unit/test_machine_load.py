@@ -1,0 +1,60 @@
+"""A run's CPU accounting (testbed.util.machine): this process's tree counts what its children
+used, reaped ones included, and `CpuWindow` counts another process's work as foreign. Each
+check compares with the CPU the busy process itself reports, as a lower bound: other load on
+the machine only adds to foreign, never to the tree."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from testbed.session.autodilate import busy_note
+from testbed.util.machine import BUSY_SHARE, CpuWindow, tree_cpu_s
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads Linux /proc")
+
+# Linux counts a process's CPU and a CPU's busy time separately, each in clock ticks: the two
+# readings of a window differ by a few ticks a process
+TICKS = 5 / os.sysconf("SC_CLK_TCK")
+BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\nprint(time.process_time())"
+
+
+def test_the_tree_counts_a_child_it_reaped():
+    before = tree_cpu_s(os.getpid())
+    used = float(subprocess.run([sys.executable, "-c", BUSY], capture_output=True, text=True, check=True).stdout)
+    after = tree_cpu_s(os.getpid())
+    assert before is not None and after is not None
+    assert after[0] - before[0] >= used - TICKS
+
+
+def test_a_process_outside_the_tree_is_foreign(tmp_path):
+    """A busy loop the shell leaves behind (its parent gone, so not below this process): what it
+    used is in the window's foreign share."""
+    done = tmp_path / "used"
+    script = BUSY + f"\nopen({str(done)!r} + '.tmp', 'w').write(str(time.process_time()))" \
+                    f"\nimport os; os.replace({str(done)!r} + '.tmp', {str(done)!r})"
+    window = CpuWindow(ray=False)
+    subprocess.run(["sh", "-c", f'"{sys.executable}" -c "$0" >/dev/null 2>&1 &', script], check=True)
+    while not done.exists():  # the loop ends by itself once it has used its 0.4 s of CPU
+        time.sleep(0.02)
+    shares = window.shares()
+    capacity = window.capacity_s
+    assert shares["foreign_cpu_share"] * capacity >= float(done.read_text()) - TICKS
+    assert 0 <= shares["machine_cpu_busy"] <= 1 + TICKS / capacity
+
+
+def test_attached_to_another_ray_the_foreign_share_is_unknown():
+    """Without a raylet below this process, Ray's workers would count as foreign: not said. (A
+    test process that started a Ray of its own earlier has one below it: then it is said.)"""
+    shares = CpuWindow().shares()
+    assert (shares["foreign_cpu_share"] is None) == (not tree_cpu_s(os.getpid())[1])
+    assert shares["machine_cpu_busy"] is not None
+
+
+def test_the_search_says_when_other_processes_were_busy():
+    quiet = [{"foreign_cpu_share": 0.05}, {"foreign_cpu_share": None}]
+    assert busy_note(quiet) == "" and busy_note([]) == ""
+    busy = [*quiet, {"foreign_cpu_share": BUSY_SHARE + 0.2}]
+    assert f"up to {BUSY_SHARE + 0.2:.0%}" in busy_note(busy)
