@@ -12,9 +12,18 @@ BUSY_SHARE = 0.25  # other processes using this share of the CPUs make a machine
 
 
 def system_cpu_s() -> float | None:
-    """CPU-seconds all cores have been busy since boot (Linux /proc/stat; None elsewhere)."""
+    """CPU-seconds all cores have been busy since boot (Linux; None elsewhere): their time since
+    boot (/proc/uptime) less their idle and iowait time (/proc/stat). Linux measures idle time
+    as it starts and ends, but counts the busy columns by sampling each CPU at every tick, which
+    misses short bursts: beside a run of many small messages the busy columns came out 0.205 of
+    the CPUs where time less idle said 0.230 and the processes' own counters 0.227."""
     v = _cpu_ticks()
-    return None if v is None else (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # all but idle, iowait
+    try:
+        with open("/proc/uptime") as f:
+            up = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if v is None else up * cpu_count() - (v[3] + v[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def stolen_cpu_s() -> float | None:
