@@ -229,8 +229,8 @@ def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
         measured = f"at --dilation {factor:g} a trial measured {fid:.3g}x the model's communication"
         nxt = next_factor(factor, fid, leak, CEILING)
         if nxt is None:
-            return stop(f"not faithful: {measured}, and more dilation cannot help (below the model with the "
-                        "emulator on time: compare the summary's formula with the schedule)")
+            return stop(f"not faithful: {measured}, and more dilation cannot help (below the model by more "
+                        "than the emulator ran late: compare the summary's formula with the schedule)")
         step_s = float(row["step_time_mean_s"] or 0.0)
         setup_s = max(0.0, row["wall_s"] - trial_steps * step_s * factor)
         after = 0 if whole else cfg.steps  # a whole trial leaves no run to pay for after it
