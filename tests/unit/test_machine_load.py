@@ -58,3 +58,11 @@ def test_the_search_says_when_other_processes_were_busy():
     assert busy_note(quiet) == "" and busy_note([]) == ""
     busy = [*quiet, {"foreign_cpu_share": BUSY_SHARE + 0.2}]
     assert f"up to {BUSY_SHARE + 0.2:.0%}" in busy_note(busy)
+
+
+def test_the_printed_line_names_a_busy_machine_and_an_unknown_share():
+    from testbed.run import machine_line
+
+    assert machine_line({"machine_cpu_busy": 0.5, "foreign_cpu_share": 0.02}) == "50%  (2% by other processes)"
+    assert "BUSY" in machine_line({"machine_cpu_busy": 0.9, "foreign_cpu_share": BUSY_SHARE})
+    assert "unknown" in machine_line({"machine_cpu_busy": 0.5, "foreign_cpu_share": None})
