@@ -93,6 +93,16 @@ class _Cell:
         self._lock.release()
 
 
+class _OneThreadCell(_Cell):
+    """The same numbers for one thread only (a simulation's NICs): no lock to take."""
+
+    def __enter__(self) -> list[float]:
+        return self.values
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
 class _SharedCell(_Cell):
     """The same numbers in a small file, locked across processes: one NIC that several processes
     of one machine send and receive through (a parameter server colocated with a worker).
@@ -129,10 +139,10 @@ class Nic:
     """Hold one endpoint's egress and ingress queues; safe to share between threads, and between
     the processes of one machine when `shared` names a file made by `Nic.create_shared`."""
 
-    def __init__(self, link: LinkSpec, name: str = "", shared: str | None = None) -> None:
+    def __init__(self, link: LinkSpec, name: str = "", shared: str | None = None, one_thread: bool = False) -> None:
         self.link = link
         self.name = name
-        self._cell = _SharedCell(shared) if shared else _Cell()
+        self._cell = _SharedCell(shared) if shared else _OneThreadCell() if one_thread else _Cell()
 
     @staticmethod
     def create_shared(path: str) -> None:
@@ -140,7 +150,10 @@ class Nic:
 
     def reserve_egress(self, nbytes: float, now: float) -> tuple[float, float]:
         """Queue NBYTES for sending at NOW; return (departure, egress_done)."""
-        busy = self.link.transfer_s(nbytes)
+        return self._egress(_check_bytes(nbytes), now)
+
+    def _egress(self, nbytes: float, now: float) -> tuple[float, float]:
+        busy = nbytes / self.link.bandwidth
         with self._cell as v:
             departure = max(now, v[0])
             done = departure + busy
@@ -151,7 +164,10 @@ class Nic:
 
     def reserve_ingress(self, nbytes: float, departure: float) -> float:
         """Accept NBYTES that left their sender at DEPARTURE; return the delivery time."""
-        busy = self.link.transfer_s(nbytes)
+        return self._ingress(_check_bytes(nbytes), departure)
+
+    def _ingress(self, nbytes: float, departure: float) -> float:
+        busy = nbytes / self.link.bandwidth
         with self._cell as v:
             # On the wire: latency plus serialisation; at this NIC: wait for the previous
             # message to finish arriving, then take n/B of ingress time ourselves.
@@ -240,7 +256,7 @@ class Flows:
 
     def nic(self, endpoint: Hashable) -> Nic:
         if endpoint not in self.nics:
-            self.nics[endpoint] = Nic(self.link, name=str(endpoint))
+            self.nics[endpoint] = Nic(self.link, name=str(endpoint), one_thread=True)
         return self.nics[endpoint]
 
     def at(self, t: float, then: Callable[[float], None], rank: float = 0.0) -> None:
@@ -256,12 +272,13 @@ class Flows:
         they were ready in)."""
         if sender == receiver:
             raise ValueError(f"message {sender!r} -> {receiver!r}: sender equals receiver; drop it")
+        nbytes, out, into = _check_bytes(nbytes), self.nic(sender), self.nic(receiver)
 
         def leave(t: float) -> None:
-            self.at(self.nic(sender).reserve_egress(nbytes, t)[0], arrive, rank)
+            self.at(out._egress(nbytes, t)[0], arrive, rank)
 
         def arrive(departure: float) -> None:
-            self.at(self.nic(receiver).reserve_ingress(nbytes, departure), then)
+            self.at(into._ingress(nbytes, departure), then)
 
         self.at(ready, leave)
 
