@@ -8,16 +8,14 @@ import itertools
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from testbed.util.machine import cpu_count, processes_below
+from tests.outside import left_behind
 from tests.ray.helpers import make_config, run_strategy
 
-PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37  # linux/prctl.h
 HOG_LIMIT_S = 300  # a CPU hog's own end, should the test that started it die first (pytest's timeout)
 
 
@@ -245,35 +243,14 @@ def _pin(pids: list[int], cpus: set[int]) -> None:
 
 
 @contextlib.contextmanager
-def _no_subreaper():
-    """This process not a child subreaper (Linux prctl) inside, as it was after."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    was = ctypes.c_int(0)
-    libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0)
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-    try:
-        yield
-    finally:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, was.value, 0, 0, 0)
-
-
-@contextlib.contextmanager
 def _one_core(hogs: int):
     """This process, the Ray below it and `hogs` busy loops on one core; all cores again after.
-    The loops are left behind by a shell, so they are not below this process: to the run they
-    are other processes' load (`foreign_cpu_share`), as a user's other programs are. (Ray makes
-    its driver a subreaper, which adopts its descendants' orphans: not while the shell ends.)
-    Each loop also ends by itself after the suite's per-test limit, should this process die
-    before it kills them."""
+    The loops run outside this process's tree (tests.outside): to the run they are other
+    processes' load (`foreign_cpu_share`), as a user's other programs are. Each also ends by
+    itself after the suite's per-test limit, should this process die before it kills them."""
     allowed = os.sched_getaffinity(0)
     core = {min(allowed)}
-    loop = f"import time\nend = time.monotonic() + {HOG_LIMIT_S}\nwhile time.monotonic() < end: pass"
-    with _no_subreaper():
-        started = subprocess.run(["sh", "-c", f'for i in $(seq {hogs}); do "{sys.executable}" -c "$0" >/dev/null 2>&1 & '
-                                              'echo $!; done', loop], capture_output=True, text=True, check=True)
-    loops = [int(pid) for pid in started.stdout.split()]
+    loops = left_behind(f"import time\nend = time.monotonic() + {HOG_LIMIT_S}\nwhile time.monotonic() < end: pass", hogs)
     assert not set(loops) & set(processes_below(os.getpid()))
     try:
         _pin(loops, core)

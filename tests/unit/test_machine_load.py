@@ -11,7 +11,8 @@ import time
 import pytest
 
 from testbed.session.autodilate import busy_note
-from testbed.util.machine import BUSY_SHARE, CpuWindow, tree_cpu_s
+from testbed.util.machine import BUSY_SHARE, CpuWindow, processes_below, tree_cpu_s
+from tests.outside import left_behind
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads Linux /proc")
 
@@ -30,13 +31,13 @@ def test_the_tree_counts_a_child_it_reaped():
 
 
 def test_a_process_outside_the_tree_is_foreign(tmp_path):
-    """A busy loop the shell leaves behind (its parent gone, so not below this process): what it
-    used is in the window's foreign share."""
+    """A busy loop outside this process's tree (tests.outside): what it used is in the window's
+    foreign share."""
     done = tmp_path / "used"
     script = BUSY + f"\nopen({str(done)!r} + '.tmp', 'w').write(str(time.process_time()))" \
                     f"\nimport os; os.replace({str(done)!r} + '.tmp', {str(done)!r})"
     window = CpuWindow(ray=False)
-    subprocess.run(["sh", "-c", f'"{sys.executable}" -c "$0" >/dev/null 2>&1 &', script], check=True)
+    assert not set(left_behind(script)) & set(processes_below(os.getpid()))
     while not done.exists():  # the loop ends by itself once it has used its 0.4 s of CPU
         time.sleep(0.02)
     shares = window.shares()
