@@ -190,6 +190,9 @@ def test_a_check_is_ok_within_tolerance_and_off_with_its_reason_beyond():
                     "emulation_leak_frac": 2 * spotchecks.LEAK_LIMIT, "dilation_search_result": searched})
     assert late["verdict"] == "off" and "not faithful: the emulator ran late" in late["reason"]
     assert late["reason"].endswith(f"the dilation search: {searched}")  # why more dilation was not bought
+    busy = _judged({"step_time_p50_s": outside, "predicted_step_s": 1.0, "foreign_cpu_share": 0.4})
+    assert busy["reason"].endswith("other processes used 40% of this machine's CPUs during the check; rerun it when quiet")
+    assert _judged({"step_time_p50_s": 1.0, "predicted_step_s": 1.0, "foreign_cpu_share": 0.4})["verdict"] == "ok"
     failed = _judged(None, status="failed")
     assert failed["verdict"] == "off" and "failed" in failed["reason"]
     other = _judged({"step_time_p50_s": 1.0, "predicted_step_s": 1.5, "emulation_leak_frac": 0.0})
