@@ -248,6 +248,8 @@ def test_a_sweep_names_the_runs_that_were_not_faithful(capsys):
     runner._warn_unfaithful(table)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "1 of 3 runs were not faithful (ring N=8 #0)" in err
+    runner._warn_unfaithful(table.assign(foreign_cpu_share=[0.0, 0.4, None]))
+    assert "(ring N=8 #0, 1 of them while other processes used 25% of the CPUs or more" in capsys.readouterr().err
     runner._warn_unfaithful(table.assign(emulation_faithful=True))
     runner._warn_unfaithful(table.drop(columns="emulation_faithful"))  # a real network
     assert capsys.readouterr().err == ""
