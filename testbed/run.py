@@ -75,8 +75,9 @@ def _report(cfg: RunConfig, outcome: Any) -> int:
     search = (outcome.summary or {}).get("dilation_search_result")
     if search and not search.startswith("faithful"):
         print(f"testbed.run: warning: --dilation auto: {search}", file=sys.stderr)
-    if outcome.summary and outcome.summary.get("fidelity_warning"):
-        print(f"testbed.run: warning: {outcome.summary['fidelity_warning']}", file=sys.stderr)
+    for warning in ("fidelity_warning", "compute_warning"):
+        if outcome.summary and outcome.summary.get(warning):
+            print(f"testbed.run: warning: {outcome.summary[warning]}", file=sys.stderr)
     if outcome.exit_code == 0 and outcome.summary and outcome.summary.get("eval_error"):  # else: the error above
         print(f"testbed.run: warning: held-out evaluation: {outcome.summary['eval_error']}", file=sys.stderr)
     if outcome.folder is not None:

@@ -154,6 +154,12 @@ SUMMARY = {
                                         "real per-message cost leaked into; near 0 means the emulator hid it"),
     "emulation_fidelity": ("ratio", "emulated network: `comm_s_per_step / predicted_comm_s`; 1 is a "
                                     "perfect emulation"),
+    "emulation_compute_ratio": ("ratio", "emulated network, synthetic compute: the mean iteration's `compute_s` "
+                                         "over `--compute-ms`; above 1, this machine's processes woke late (more "
+                                         "at once than its cores), which steps and throughput carry and "
+                                         "`emulation_fidelity` does not; `emulation_faithful` does not read it"),
+    "compute_warning": ("", "emulated network, synthetic compute: one line when `emulation_compute_ratio` is "
+                            "more than 5% above 1 (at least 3 updates), with the fix; null otherwise"),
     "machine_cpu_busy": ("fraction", "the share of all the machine's CPUs busy while the strategy trained "
                                      "(Linux /proc/stat; null elsewhere), this run's processes included"),
     "foreign_cpu_share": ("fraction", "the share of all the machine's CPUs that processes other than this "

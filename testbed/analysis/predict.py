@@ -19,7 +19,7 @@ import numpy as np
 from testbed.analysis.costmodel import NotModelled
 from testbed.config import RunConfig
 from testbed.config.calibration import load_calibration
-from testbed.emulation.dilation import advice, faithful
+from testbed.emulation.dilation import FIDELITY_TOLERANCE, advice, faithful
 
 
 def critical_comm_s(steps: Any, updates: Any, periodic: bool = False) -> float:
@@ -67,6 +67,22 @@ def slowest_compute(steps: Any) -> Any:
     if "peers_lag_s" in steps:
         ready = ready + steps["peers_lag_s"]
     return ready.groupby(steps["iteration"]).max()
+
+
+def compute_fidelity(measured: float, configured: float, updates: int) -> dict[str, Any]:
+    """The emulated compute beside --compute-ms: `emulation_compute_ratio` (the mean iteration's
+    compute over it) and, from 3 updates, a warning where it is more than FIDELITY_TOLERANCE
+    above. A synthetic iteration sleeps to its compute's end, so above 1 its processes woke late:
+    more of them at once than this machine's cores (ps-async's first iterations all start
+    together). Steps and throughput carry that; `emulation_fidelity`, communication only, does
+    not, and `emulation_faithful` does not read it yet."""
+    ratio = measured / configured
+    warn = None
+    if updates >= 3 and ratio > 1 + FIDELITY_TOLERANCE:
+        warn = (f"measured compute {measured:.4g} s per iteration is {ratio:.2f}x --compute-ms's {configured:.4g} s: "
+                "this machine's processes woke late (more at once than its cores), which the step times and "
+                "throughput carry; rerun with a larger --dilation")
+    return {"emulation_compute_ratio": ratio, "compute_warning": warn}
 
 
 def predictions(spec: Any, cfg: RunConfig, summary: dict[str, Any], steps: Any, updates: Any,
@@ -124,6 +140,8 @@ def _predict(out: dict[str, Any], spec: Any, cfg: RunConfig, summary: dict[str, 
                                      if len(updates) >= 3 else None)
         out["fidelity_warning"] = (advice(out["comm_s_per_step"], pred.comm_s, cfg.network.factor,
                                           not cfg.workload.real_compute, out["emulation_leak_frac"]) if len(updates) >= 3 else None)
+        if not cfg.workload.real_compute and compute > 0:
+            out.update(compute_fidelity(float(steps["compute_s"].mean()), compute, len(updates)))
     else:
         out["calibrated_fit"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None
     out.update({"predicted_comm_s": pred.comm_s, "predicted_step_s": compute + pred.comm_s,

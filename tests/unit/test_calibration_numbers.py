@@ -92,3 +92,15 @@ def test_a_calibration_of_another_machine_class_is_named_in_one_warning(tmp_path
     assert line and "other.json" in line and f"cpu_count {other['cpu_count']!r} there" in line
     assert "python -m testbed.bench network" in line and "\n" not in line
     assert calibration_machine_change(str(_file(tmp_path, GOOD, {"python": "3"}, "bare.json"))) is None
+
+
+def test_synthetic_compute_beside_its_configured_time_warns_where_the_processes_woke_late():
+    """ps-async N = 256 at D = 8 measured a median compute 1.07x its 0.1 s (its first iterations
+    all start together on 2 cores): the ratio says it, and from 3 updates a warning names it."""
+    from testbed.analysis.predict import compute_fidelity
+
+    on_time = compute_fidelity(0.1002, 0.1, 4)
+    assert on_time["emulation_compute_ratio"] == pytest.approx(1.002) and on_time["compute_warning"] is None
+    late = compute_fidelity(0.107 * 1.5, 0.1, 4)
+    assert late["emulation_compute_ratio"] == pytest.approx(1.605) and "1.60x --compute-ms" in late["compute_warning"]
+    assert compute_fidelity(0.2, 0.1, 2)["compute_warning"] is None  # too few updates to say
