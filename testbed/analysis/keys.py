@@ -157,7 +157,7 @@ SUMMARY = {
     "emulation_compute_ratio": ("ratio", "emulated network, synthetic compute: the mean iteration's `compute_s` "
                                          "over `--compute-ms`; above 1, this machine's processes woke late (more "
                                          "at once than its cores), which steps and throughput carry and "
-                                         "`emulation_fidelity` does not; `emulation_faithful` does not read it"),
+                                         "`emulation_fidelity` does not; `emulation_faithful` needs it at most 1.05"),
     "compute_warning": ("", "emulated network, synthetic compute: one line when `emulation_compute_ratio` is "
                             "more than 5% above 1 (at least 3 updates), with the fix; null otherwise"),
     "machine_cpu_busy": ("fraction", "the share of all the machine's CPUs busy while the strategy trained "
@@ -169,13 +169,15 @@ SUMMARY = {
                                       "Linux counts both in ticks (10 ms) per process and per CPU, so a window "
                                       "of under a second is good to a few ticks a process: a short run's may "
                                       "come out a little below 0"),
-    "emulation_faithful": ("", "emulated network: true when `emulation_fidelity` is within 5% of 1 and "
-                               "`emulation_leak_frac` at most 0.5, false when not (at least 3 updates; "
+    "emulation_faithful": ("", "emulated network: true when `emulation_fidelity` is within 5% of 1, "
+                               "`emulation_leak_frac` at most 0.5 and `emulation_compute_ratio`, where there "
+                               "is one, at most 1.05, false when not (at least 3 updates; "
                                "null otherwise): a run that is not faithful keeps its numbers and says so here"),
     "dilation_search": ("", "--dilation auto: one row per trial run (`dilation`, `status`, "
                             "`emulation_fidelity`, `emulation_leak_frac`, `faithful`, `step_time_mean_s` "
                             "as the trial reported it, `wall_s` real seconds, `run_id` under dilation-search/, or "
-                            "this run's own where the last trial was the whole run, `foreign_cpu_share`)"),
+                            "this run's own where the last trial was the whole run, `foreign_cpu_share`, "
+                            "`emulation_compute_ratio`)"),
     "dilation_search_result": ("", "--dilation auto: one line, why the search stopped at `dilation` "
                                    "(faithful, the budget, or more dilation cannot help), and where other processes "
                                    "used a quarter of the CPUs or more in a trial, how much"),

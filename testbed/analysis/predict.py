@@ -74,8 +74,8 @@ def compute_fidelity(measured: float, configured: float, updates: int) -> dict[s
     compute over it) and, from 3 updates, a warning where it is more than FIDELITY_TOLERANCE
     above. A synthetic iteration sleeps to its compute's end, so above 1 its processes woke late:
     more of them at once than this machine's cores (ps-async's first iterations all start
-    together). Steps and throughput carry that; `emulation_fidelity`, communication only, does
-    not, and `emulation_faithful` does not read it yet."""
+    together). Steps and throughput carry that and `emulation_fidelity`, communication only, does
+    not; `emulation_faithful` reads it (testbed.emulation.dilation.faithful)."""
     ratio = measured / configured
     warn = None
     if updates >= 3 and ratio > 1 + FIDELITY_TOLERANCE:
@@ -136,12 +136,12 @@ def _predict(out: dict[str, Any], spec: Any, cfg: RunConfig, summary: dict[str, 
         out.update({"emulation_late_s_per_update": late,
                     "emulation_leak_frac": late / pred.comm_s if pred.comm_s > 0 else None})
         out["emulation_fidelity"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None
-        out["emulation_faithful"] = (faithful(out["emulation_fidelity"], out["emulation_leak_frac"])
-                                     if len(updates) >= 3 else None)
-        out["fidelity_warning"] = (advice(out["comm_s_per_step"], pred.comm_s, cfg.network.factor,
-                                          not cfg.workload.real_compute, out["emulation_leak_frac"]) if len(updates) >= 3 else None)
         if not cfg.workload.real_compute and compute > 0:
             out.update(compute_fidelity(float(steps["compute_s"].mean()), compute, len(updates)))
+        out["emulation_faithful"] = (faithful(out["emulation_fidelity"], out["emulation_leak_frac"],
+                                              out.get("emulation_compute_ratio")) if len(updates) >= 3 else None)
+        out["fidelity_warning"] = (advice(out["comm_s_per_step"], pred.comm_s, cfg.network.factor,
+                                          not cfg.workload.real_compute, out["emulation_leak_frac"]) if len(updates) >= 3 else None)
     else:
         out["calibrated_fit"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None
     out.update({"predicted_comm_s": pred.comm_s, "predicted_step_s": compute + pred.comm_s,

@@ -189,30 +189,39 @@ TRIAL_STEPS = 6  # updates per trial: the fidelity needs 3 (advice); the first s
 MIN_GROWTH, MAX_GROWTH = 2.0, 8.0
 
 
-def faithful(fidelity: float | None, leak: float | None) -> bool | None:
+def faithful(fidelity: float | None, leak: float | None, compute: float | None = None) -> bool | None:
     """Measured communication within FIDELITY_TOLERANCE of the model, with the emulator on time
-    (leak at most LEAK_LIMIT); None when the run could not say (no prediction, too few updates)."""
+    (leak at most LEAK_LIMIT) and, where it is known (`compute`: `emulation_compute_ratio`,
+    synthetic compute), the compute at most FIDELITY_TOLERANCE above --compute-ms; None when the
+    run could not say (no prediction, too few updates)."""
     if fidelity is None or fidelity != fidelity:
         return None
-    return abs(fidelity - 1) <= FIDELITY_TOLERANCE and (leak is None or leak <= LEAK_LIMIT)
+    return (abs(fidelity - 1) <= FIDELITY_TOLERANCE and (leak is None or leak <= LEAK_LIMIT)
+            and (compute is None or compute <= 1 + FIDELITY_TOLERANCE))
 
 
-def wanted_factor(dilation: float, fidelity: float, leak: float | None) -> float:
-    """The factor `advice` would name for a run at `dilation` (the one-shot estimate)."""
+def wanted_factor(dilation: float, fidelity: float, leak: float | None, compute: float | None = None) -> float:
+    """The factor `advice` would name for a run at `dilation` (the one-shot estimate); a late
+    compute (`compute` above 1 + FIDELITY_TOLERANCE) asks for its excess at half the tolerance,
+    as communication's does, and the larger of the two is wanted."""
+    wanted = dilation
     if fidelity > 1 + FIDELITY_TOLERANCE:
-        return dilation * (fidelity - 1) / (FIDELITY_TOLERANCE / 2)
-    if leak is not None and leak > LEAK_LIMIT:
-        return dilation * leak / LEAK_LIMIT
-    if fidelity < 1 - FIDELITY_TOLERANCE and late_below(fidelity, leak):
-        return late_factor(dilation, fidelity, leak)
-    return dilation
+        wanted = dilation * (fidelity - 1) / (FIDELITY_TOLERANCE / 2)
+    elif leak is not None and leak > LEAK_LIMIT:
+        wanted = dilation * leak / LEAK_LIMIT
+    elif fidelity < 1 - FIDELITY_TOLERANCE and late_below(fidelity, leak):
+        wanted = late_factor(dilation, fidelity, leak)
+    if compute is not None and compute > 1 + FIDELITY_TOLERANCE:
+        wanted = max(wanted, dilation * (compute - 1) / (FIDELITY_TOLERANCE / 2))
+    return wanted
 
 
-def next_factor(dilation: float, fidelity: float, leak: float | None, ceiling: float = 100_000.0) -> float | None:
+def next_factor(dilation: float, fidelity: float, leak: float | None, ceiling: float = 100_000.0,
+                compute: float | None = None) -> float | None:
     """The next trial's factor after an unfaithful trial at `dilation`, or None when raising D
     cannot help (the run is below the model by more than its emulator ran late, `late_below`: a model or code
     question, not this machine's) or the ceiling is reached."""
-    wanted = wanted_factor(dilation, fidelity, leak)
+    wanted = wanted_factor(dilation, fidelity, leak, compute)
     if wanted <= dilation or dilation >= ceiling:
         return None
     growth = min(MAX_GROWTH, max(MIN_GROWTH, math.sqrt(wanted / dilation)))

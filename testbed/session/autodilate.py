@@ -44,6 +44,7 @@ from testbed.config import RunConfig, with_overrides
 from testbed.config.environment import MIN_DILATION
 from testbed.config.faultspec import Faults
 from testbed.emulation.dilation import (
+    FIDELITY_TOLERANCE,
     TRIAL_STEPS,
     affordable_factor,
     faithful,
@@ -207,8 +208,8 @@ def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
                "emulation_fidelity": s.get("emulation_fidelity"), "emulation_leak_frac": s.get("emulation_leak_frac"),
                "step_time_mean_s": s.get("step_time_mean_s"), "wall_s": time.monotonic() - start,
                "run_id": outcome.folder.name if outcome.folder else None, "real_workers": cfg.real_workers,
-               "foreign_cpu_share": s.get("foreign_cpu_share")}
-        row["faithful"] = faithful(row["emulation_fidelity"], row["emulation_leak_frac"])
+               "foreign_cpu_share": s.get("foreign_cpu_share"), "emulation_compute_ratio": s.get("emulation_compute_ratio")}
+        row["faithful"] = faithful(row["emulation_fidelity"], row["emulation_leak_frac"], row["emulation_compute_ratio"])
         trials.append(row)
         if row["status"] != "completed":
             return cfg, factor, trials, f"a trial at --dilation {factor:g} ended {row['status']}: {outcome.error_line}", None
@@ -225,9 +226,11 @@ def _search(cfg: RunConfig, search_dir: Path, t0: float, execute: Any,
             return stop(f"a trial at --dilation {factor:g} measured no fidelity (no prediction beside it)")
         if row["faithful"]:
             return stop(f"faithful at --dilation {factor:g} ({len(trials)} trials)")
-        fid, leak = row["emulation_fidelity"], row["emulation_leak_frac"]
+        fid, leak, compute = row["emulation_fidelity"], row["emulation_leak_frac"], row["emulation_compute_ratio"]
         measured = f"at --dilation {factor:g} a trial measured {fid:.3g}x the model's communication"
-        nxt = next_factor(factor, fid, leak, CEILING)
+        if compute is not None and compute > 1 + FIDELITY_TOLERANCE:
+            measured += f" and {compute:.3g}x its compute"
+        nxt = next_factor(factor, fid, leak, CEILING, compute=compute)
         if nxt is None:
             return stop(f"not faithful: {measured}, and more dilation cannot help (below the model by more "
                         "than the emulator ran late: compare the summary's formula with the schedule)")

@@ -137,7 +137,8 @@ def _follows_its_rule(trials: list[dict]) -> None:
     assert factors[0] == 1.0 and all(t["status"] == "completed" for t in trials), trials
     assert all(t["faithful"] is False for t in trials[:-1]), trials
     for before, after in itertools.pairwise(trials):
-        rule = next_factor(before["dilation"], before["emulation_fidelity"], before["emulation_leak_frac"], CEILING)
+        rule = next_factor(before["dilation"], before["emulation_fidelity"], before["emulation_leak_frac"], CEILING,
+                           compute=before["emulation_compute_ratio"])
         assert rule is not None, before
         fewer = after["dilation"] == before["dilation"] and after["real_workers"] == before["real_workers"] // 2 >= 1
         raised = (before["dilation"] * MIN_RAISE <= after["dilation"] <= rule

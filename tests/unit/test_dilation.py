@@ -258,3 +258,17 @@ def test_a_trial_that_is_the_whole_run_pays_for_itself_only():
     d = affordable_factor(1000.0, steps, 0, step_s, setup_s, left)
     assert run_seconds(d, steps, step_s, setup_s) <= left < run_seconds(d + 1, steps, step_s, setup_s)
     assert d > affordable_factor(1000.0, steps, steps, step_s, setup_s, left)  # than with a run after it
+
+
+def test_a_late_compute_is_not_faithful_and_asks_for_its_own_factor():
+    """ps-async N = 256 at D = 8: communication 1.028x, compute 1.07x (its first iterations all
+    start together): not faithful, and the search raises D for the compute as it would for the
+    same excess of communication."""
+    assert faithful(1.028, 0.0) and not faithful(1.028, 0.0, 1.07) and faithful(1.028, 0.0, 1.04)
+    assert wanted_factor(8.0, 1.028, 0.0, 1.07) == pytest.approx(wanted_factor(8.0, 1.07, 0.0))
+    assert next_factor(8.0, 1.028, 0.0, compute=1.07) == next_factor(8.0, 1.07, 0.0)
+    assert next_factor(8.0, 1.028, 0.0, compute=1.02) is None  # on time: nothing to raise
+    # the larger of the two asks: a late compute never lowers what communication wants
+    assert wanted_factor(8.0, 1.5, 0.0, 1.07) == wanted_factor(8.0, 1.5, 0.0)
+    # below the model by more than it ran late, a late compute still asks for dilation
+    assert next_factor(4.0, 0.8, 0.1) is None and next_factor(4.0, 0.8, 0.1, compute=1.2) > 4.0
