@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from testbed.session.interrupts import INTERRUPTS
-from testbed.util.machine import BUSY_SHARE
+from testbed.util.machine import busy
 
 if TYPE_CHECKING:
     from testbed.config import RunConfig
@@ -109,7 +109,7 @@ def machine_line(s: dict[str, Any]) -> str:
     if foreign is None:
         return line + "  (attached to a Ray cluster: other processes' share unknown)"
     line += f"  ({foreign:.0%} by other processes)"
-    if foreign >= BUSY_SHARE:
+    if busy(foreign):
         line += ": a BUSY machine, whose contention is in every time measured; rerun when quiet"
     return line
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.util.machine import BUSY_SHARE
+from testbed.util.machine import busy
 from testbed.util.units import format_bytes, format_seconds
 
 TARGET_BUSBW_N, TARGET_BUSBW_MIN_SIZE = 4, 64 * 10**6  # (1) ring >= 1.0x gloo busbw
@@ -100,7 +100,7 @@ def load_line(m: dict[str, Any]) -> str | None:
         return None
     line = (f"{before:.0%} of the CPUs busy before the run; processes other than the benchmark's "
             f"(Ray daemons included) used {other:.0%} of them during it")
-    if max(before, other) > BUSY_SHARE:
+    if busy(max(before, other)):
         line += " -- BUSY machine: numbers include foreign contention; rerun when quiet"
     return line
 

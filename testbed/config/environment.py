@@ -69,8 +69,8 @@ class ClusterConfig:
                                          help="start K of the workers as processes; they play the others, emulated "
                                               "peers at the model's times (docs/emulation.md, \"Emulated peers\"); "
                                               "auto: all real up to 16 workers; beyond, 16 real where the strategy "
-                                              "has emulated peers (fewer where their calls per step pass 2,400: "
-                                              "ps-sync's partitions), else all (default: auto)")
+                                              "has emulated peers (fewer where the strategy says their calls per step "
+                                              "would pass 2,400), else all (default: auto)")
 
     def __post_init__(self) -> None:
         _parse_fields(self)  # --real-workers: a count, or AUTO

@@ -156,10 +156,10 @@ def late_below(ratio: float, leak: float | None) -> bool:
 
 
 def late_factor(dilation: float, ratio: float, leak: float) -> float:
-    """The factor whose lateness no longer accounts for a run below the model (`late_below`):
-    the leak scaled to LEAK_LIMIT where it was above it, else to the shortfall it must stay
-    under (lateness falls at least as fast as 1/D)."""
-    return dilation * leak / (LEAK_LIMIT if leak > LEAK_LIMIT else max(1 - ratio, FIDELITY_TOLERANCE))
+    """The factor whose lateness no longer accounts for a run below the model by more than the
+    tolerance (`late_below`): the leak scaled to LEAK_LIMIT where it was above it, else to the
+    shortfall it must stay under (lateness falls at least as fast as 1/D)."""
+    return dilation * leak / (LEAK_LIMIT if leak > LEAK_LIMIT else 1 - ratio)
 
 
 def _advised(wanted: float, dilation: float) -> float:

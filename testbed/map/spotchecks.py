@@ -44,7 +44,7 @@ from testbed.config.environment import AUTO, MIN_DILATION
 from testbed.emulation.dilation import LEAK_LIMIT
 from testbed.map.table import whole_rounds
 from testbed.strategies.registry import SPECS
-from testbed.util.machine import BUSY_SHARE
+from testbed.util.machine import busy
 
 TOLERANCE = 0.10  # measured step within 10% of the predicted step
 STEPS = 3  # worker iterations per check run: the step time is their median (sync) or mean (async) interval
@@ -188,7 +188,7 @@ def judge(cfg: RunConfig, predicted_step_s: float, summary: dict[str, Any] | Non
     if reasons and searched.startswith("not faithful"):
         reasons.append(f"the dilation search: {searched}")
     foreign = summary.get("foreign_cpu_share")
-    if reasons and foreign is not None and foreign >= BUSY_SHARE:  # their contention is in what it measured
+    if reasons and busy(foreign):  # their contention is in what it measured
         reasons.append(f"other processes used {foreign:.0%} of this machine's CPUs during the check; rerun it when quiet")
     out["verdict"], out["reason"] = ("off", "; ".join(reasons)) if reasons else ("ok", None)
     return out

@@ -51,7 +51,7 @@ from testbed.emulation.dilation import (
     first_factor,
     next_factor,
 )
-from testbed.util.machine import BUSY_SHARE
+from testbed.util.machine import busy
 
 MIN_RAISE = 1.25  # a capped next factor below this multiple of the current one is not worth a trial
 CEILING = 100_000.0  # --dilation's own upper limit
@@ -176,7 +176,7 @@ def busy_note(trials: list[dict[str, Any]]) -> str:
     BUSY_SHARE of the CPUs): their contention is what the factor paid for, as much as this run's
     own cost, so a quieter machine is faithful at a smaller one; else nothing."""
     shares = [t["foreign_cpu_share"] for t in trials if t.get("foreign_cpu_share") is not None]
-    if not shares or max(shares) < BUSY_SHARE:
+    if not any(busy(share) for share in shares):
         return ""
     return (f"; other processes used up to {max(shares):.0%} of this machine's CPUs during the trials "
             "(a quieter machine needs a smaller factor)")

@@ -34,7 +34,7 @@ from testbed.sweep.spec import (
     spec_dict,
     spec_hash,
 )
-from testbed.util.machine import BUSY_SHARE
+from testbed.util.machine import BUSY_SHARE, busy
 
 __all__ = ["SWEEP_OWNED", "Point", "Spec", "applies", "build_table", "config_keys", "expand",
            "flat_config", "load_spec", "load_table", "main", "read_points", "run_point",
@@ -354,9 +354,9 @@ def _warn_unfaithful(table: pd.DataFrame) -> None:
         return
     labels = [f"{r.strategy} N={r.workers} #{r.repeat}" for r in off.itertuples()]
     shown = ", ".join(labels[:5]) + (f" and {len(labels) - 5} more" if len(labels) > 5 else "")
-    busy = int(off["foreign_cpu_share"].ge(BUSY_SHARE).sum()) if "foreign_cpu_share" in off.columns else 0
-    busy_note = (f", {busy} of them while other processes used {BUSY_SHARE:.0%} of the CPUs or more "
-                 "(foreign_cpu_share)") if busy else ""
+    loaded = sum(map(busy, off["foreign_cpu_share"])) if "foreign_cpu_share" in off.columns else 0
+    busy_note = (f", {loaded} of them while other processes used {BUSY_SHARE:.0%} of the CPUs or more "
+                 "(foreign_cpu_share)") if loaded else ""
     print(f"testbed.sweep: warning: {len(off)} of {len(table)} runs were not faithful ({shown}{busy_note}): their "
           "emulated times carry this machine's own cost (emulation_faithful false in runs.parquet); give "
           "them network.dilation = \"auto\" (the default when left out) and a larger "

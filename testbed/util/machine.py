@@ -11,6 +11,11 @@ import time
 BUSY_SHARE = 0.25  # other processes using this share of the CPUs make a machine busy for a measurement
 
 
+def busy(share: float | None) -> bool:
+    """Whether other processes' share of the CPUs (None or NaN: unknown) made the machine busy."""
+    return share is not None and share == share and share >= BUSY_SHARE
+
+
 def system_cpu_s() -> float | None:
     """CPU-seconds all cores have been busy since boot (Linux; None elsewhere): their time since
     boot (/proc/uptime) less their idle and iowait time (/proc/stat). Linux measures idle time
