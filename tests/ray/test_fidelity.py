@@ -152,8 +152,8 @@ def test_auto_dilation_searches_upwards_by_its_rule_and_the_last_trial_is_the_ru
     one the search's rule names for the trial before; the run goes at the last trial's factor, its
     summary carries the trials, and their folders move into its own. This run is no longer than a
     trial, so each trial is the whole run and the last one is the run itself (its folder, renamed;
-    not run again). Then the same search beside sixteen CPU hogs measures more excess at every
-    factor both tried (so its rule asks for more). Whether it ends at a larger factor is not
+    not run again). Then the same search beside sixteen CPU hogs measures more excess undilated
+    (D = 1: so its rule asks for more). Whether it ends at a larger factor is not
     asserted: under the suite's own load the idle search once ended at 42 (1.0500x) and the busy
     one at 31, each just inside the tolerance at a factor its steps happened to reach. Both
     searches run on one core (the run's processes and the hogs pinned to it), so the other tests
@@ -185,13 +185,13 @@ def test_auto_dilation_searches_upwards_by_its_rule_and_the_last_trial_is_the_ru
     _follows_its_rule(busy["dilation_search"])
     assert busy["status"] == "completed" and busy["dilation"] == busy["dilation_search"][-1]["dilation"]
     assert busy["dilation_search_result"].startswith("faithful") == (busy["dilation_search"][-1]["faithful"] is True)
-    # busier: more excess at every factor both searches tried with as many real workers, so the
-    # search asks for more there
+    # busier: more excess at D = 1 with as many real workers, so the search asks for more there.
+    # (Not at every factor both tried: past the first the excess left is a few percent either way,
+    # and CI once measured 1.258x busy against 1.262x idle at one of them.)
     idle_at = {(t["dilation"], t["real_workers"]): t["emulation_fidelity"] for t in trials}
     common = [t for t in busy["dilation_search"] if (t["dilation"], t["real_workers"]) in idle_at]
     assert common and common[0]["dilation"] == 1.0
-    for t in common:
-        assert t["emulation_fidelity"] > idle_at[(t["dilation"], t["real_workers"])], (busy["dilation_search"], trials)
+    assert common[0]["emulation_fidelity"] > idle_at[(1.0, common[0]["real_workers"])], (busy["dilation_search"], trials)
     # and each busy trial says so: the hogs had at least half of their core (16 loops beside the
     # run's few processes), which the run counts as other processes' load, not its own. The run
     # (the last trial, the longest) is held to that; a trial of a fraction of a second to half

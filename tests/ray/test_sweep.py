@@ -28,6 +28,12 @@ strategy = ["mapreduce", "ring"]
 workers = [1, 2]
 """
 
+# A point that fails every time: its only worker is killed at its first iteration and may not
+# restart (a timeout short enough to fail a run is not: a quick answer can beat it).
+KILL = "worker=0,at=1"
+FAILING_FIRST = f'"faults.max_restarts" = [0]\n"faults.fail" = ["{KILL}", "none"]\n'
+FAILING_SECOND = f'"faults.max_restarts" = [0]\n"faults.fail" = ["none", "{KILL}"]\n'
+
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
@@ -102,14 +108,14 @@ def test_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path):
     spec = tmp_path / "flaky.toml"
     spec.write_text(SPEC.replace('name = "tiny"', 'name = "flaky"')
                     .replace('["mapreduce", "ring"]', '["mapreduce"]')
-                    .replace("[1, 2]", "[1]") + '"cluster.timeout_s" = [0.001, 60]\n')
+                    .replace("[1, 2]", "[1]") + FAILING_FIRST)
     assert main([str(spec), "--out", str(tmp_path), "--quiet"]) == 1
     records = [json.loads(line) for line in (tmp_path / "flaky" / "points.jsonl").read_text().splitlines()]
     assert [r["status"] for r in records] == ["failed", "completed"]
     assert records[0]["error"]
     table = load_table(tmp_path / "flaky")
     assert list(table["status"]) == ["failed", "completed"]
-    assert table["cluster.timeout_s"].tolist() == [0.001, 60.0]
+    assert table["faults.fail"].tolist() == [KILL, "none"]
 
 
 def test_update_baseline_measures_afresh_and_refuses_failed_runs(tmp_path, capsys):
@@ -119,7 +125,7 @@ def test_update_baseline_measures_afresh_and_refuses_failed_runs(tmp_path, capsy
     spec = tmp_path / "broken.toml"
     spec.write_text(SPEC.replace('name = "tiny"', 'name = "broken"')
                     .replace('["mapreduce", "ring"]', '["mapreduce"]')
-                    .replace("[1, 2]", "[1]") + '"cluster.timeout_s" = [60, 0.001]\n')
+                    .replace("[1, 2]", "[1]") + FAILING_SECOND)
     sweep_dir = tmp_path / "broken"
     points, _ = expand(load_spec(spec), registry.SPECS, str(sweep_dir / "runs"))
     old = sweep_dir / "runs" / f"{points[0].point_id}-0"  # as if completed by an earlier sweep
