@@ -37,6 +37,9 @@ STEP_COLUMNS = {
     "node": ("", "the Ray node the worker ran on: its IP address (with `/` and 6 hex digits of the "
                  "node id where several nodes share an address); a worker restarted elsewhere shows "
                  "its new node from then on"),
+    "emulated": ("", "true for an emulated peer's iteration (ps-async with `--real-workers` below `--workers`: "
+                     "each peer runs its own iterations at the model's times, docs/emulation.md); its "
+                     "compute is the configured one, not measured; false for a real worker's"),
 }
 UPDATE_COLUMNS = {
     "version": ("", "parameter version after the update (1 for the first)"),

@@ -4,7 +4,8 @@ Definitions (the README and results/README.md repeat them):
 - training wall time: first worker iteration's start -> last model update.
 - step time: interval between consecutive model updates (the first from the first start).
 - samples/s: samples of gradients that were applied, / training wall time; a real worker's
-  samples count once for it and once for each emulated peer it plays (`weights`).
+  samples count once for it and once for each emulated peer it plays (`weights`), unless the
+  peers have rows of their own (`emulated`: ps-async's), which count themselves.
 - compute / comm / wait fractions: shares of the summed worker time; an injected straggler
   delay counts as compute (the worker is slow), and is also reported on its own.
 - bytes per worker per step: mean logical bytes a worker sent per iteration.
@@ -28,6 +29,8 @@ def summarize(steps: pd.DataFrame, updates: pd.DataFrame, *, strategy: str, work
     """Derive the summary of one run from its raw tables. `weights`: worker -> the workers it
     stands for, where some are emulated peers (testbed.emulation.peers.weights)."""
     n_updates = len(updates)
+    if "emulated" in steps and steps["emulated"].fillna(False).astype(bool).any():
+        weights = None  # the peers' iterations are rows of their own
     applied = steps[steps["version_applied"].notna()] if len(steps) else steps
     out: dict[str, Any] = {"strategy": strategy, "workers": workers, "steps": n_updates,
                            "status": status, "worker_iterations": len(steps)}

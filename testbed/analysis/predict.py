@@ -69,6 +69,13 @@ def slowest_compute(steps: Any) -> Any:
     return ready.groupby(steps["iteration"]).max()
 
 
+def real_rows(steps: Any) -> Any:
+    """Which step rows are real workers' (not an emulated peer's, `emulated`: ps-async's)."""
+    if "emulated" not in steps:  # every row, in runs recorded before the column
+        return np.ones(len(steps), dtype=bool)
+    return ~steps["emulated"].fillna(False).astype(bool)
+
+
 def compute_fidelity(measured: float, configured: float, updates: int) -> dict[str, Any]:
     """The emulated compute beside --compute-ms: `emulation_compute_ratio` (the mean iteration's
     compute over it) and, from 3 updates, a warning where it is more than FIDELITY_TOLERANCE
@@ -137,7 +144,8 @@ def _predict(out: dict[str, Any], spec: Any, cfg: RunConfig, summary: dict[str, 
                     "emulation_leak_frac": late / pred.comm_s if pred.comm_s > 0 else None})
         out["emulation_fidelity"] = out["comm_s_per_step"] / pred.comm_s if pred.comm_s > 0 else None
         if not cfg.workload.real_compute and compute > 0:
-            out.update(compute_fidelity(float(steps["compute_s"].mean()), compute, len(updates)))
+            measured = steps[real_rows(steps)]  # an emulated peer's compute is set, not measured
+            out.update(compute_fidelity(float(measured["compute_s"].mean()), compute, len(updates)))
         out["emulation_faithful"] = (faithful(out["emulation_fidelity"], out["emulation_leak_frac"],
                                               out.get("emulation_compute_ratio")) if len(updates) >= 3 else None)
         out["fidelity_warning"] = (advice(out["comm_s_per_step"], pred.comm_s, cfg.network.factor,

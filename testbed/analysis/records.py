@@ -47,6 +47,7 @@ class StepRecord:
     late_s: float = 0.0  # emulated network: how late this worker's messages arrived (real overhead)
     peers_lag_s: float = 0.0  # emulated peers: how much later than this worker the slowest had its gradient
     node: str | None = None  # the Ray node the worker ran on (`Recorder.locate` fills it in)
+    emulated: bool = False  # an emulated peer's iteration, played at the model's times (testbed.ps.async_peers)
 
 
 @dataclass

@@ -108,7 +108,7 @@ def _arrow_schema(columns: tuple[str, ...]):
 
     hints = {**StepRecord.__annotations__, **UpdateRecord.__annotations__, **Event.__annotations__,
              **EvalRecord.__annotations__}
-    kinds = {"int": pa.int64(), "float": pa.float64(), "str": pa.string()}
+    kinds = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
     return pa.schema([(c, kinds[str(hints[c]).split("|")[0].strip()]) for c in columns])
 
 

@@ -19,12 +19,17 @@ carries the departures of its peers' copies; the server queues each on its ingre
 (`Endpoint.deliveries`), counts the push once per position it stands for, and sends every position
 its reply. A version's mean sums N gradients in position order, the owner's once for each of its
 positions, so the run equals one process stepping the owner-weighted mean
-(testbed.workloads.reference).
+(testbed.workloads.reference). ps-async's peers have timelines of their own, played by the driver
+(testbed.ps.async_peers): a server keeps every real worker's newest gradient of each partition,
+and a thread of its own takes the peers' copies at their departures, applies each at its
+delivery and queues its reply, as for a real push; `peer_notices` hands the driver what it did.
 """
 
 from __future__ import annotations
 
+import heapq
 import os
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -38,6 +43,7 @@ from testbed.config.faultspec import Fault
 from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.faults import FaultPlan
 from testbed.emulation.network import sleep_until
+from testbed.ps.async_peers import Entry, Notice
 from testbed.ps.shard import ShardState
 from testbed.runtime.worker import restarted
 from testbed.training.compressor import Compressor
@@ -66,7 +72,8 @@ class ShardActor:
     def __init__(self, sizes: dict[int, int], net: NetworkConfig, logical_factor: float,
                  checkpoint_dir: str | None = None, checkpoint_every: int = 0,
                  faults: tuple[Fault, ...] = (), compression: CompressionSpec | None = None,
-                 nic: str | None = None, local_worker: int | None = None, *, rank: int, **state: Any) -> None:
+                 nic: str | None = None, local_worker: int | None = None, *, rank: int,
+                 keep_latest: bool = False, **state: Any) -> None:
         # Small constructor arguments only: Ray keeps them to rerun __init__ on a restart (a large
         # array would live in the object store for that); parameters come by `set_params`.
         self.parts = {p: ShardState(np.zeros(n, np.float32), **state) for p, n in sizes.items()}
@@ -89,6 +96,20 @@ class ShardActor:
         self.lost = False
         self.events: list[tuple[str, str, float, float]] = []
         self._events_lock = threading.Lock()
+        # ps-async's emulated peers (testbed.ps.async_peers): the real workers' newest gradients,
+        # the peers' copies to play (a heap of timed events) and what was done with them
+        self.latest: dict[tuple[int, int], tuple[np.ndarray, float, int]] | None = {} if keep_latest else None
+        self.latest_cv = threading.Condition()
+        self.peer_queue: list[tuple[float, float, int, Entry]] = []
+        self.peer_cv = threading.Condition()
+        self.peer_thread: threading.Thread | None = None
+        self.peer_error: BaseException | None = None
+        self.ties = random.Random(rank)  # who lands first among copies that leave together
+        self.outbox: list[Notice] = []
+        self.outbox_cv = threading.Condition()
+        self.peer_late_s = 0.0
+        self.peer_timeout = 60.0
+        self._peer_clock = 0.0  # when the peer thread last acted (lateness is counted from it)
         if again:
             versions = self.checkpoint_versions()
             if versions:
@@ -159,7 +180,7 @@ class ShardActor:
 
     def push(self, part: int, grad: np.ndarray, version_read: int, worker: int, iteration: int,
              loss: float, departure: float | None, epoch: int = 0, pull: float | None = None,
-             peers: Sequence[float] = ()) -> dict[str, Any]:
+             peers: Sequence[float] = (), samples: int = 0) -> dict[str, Any]:
         """Receive (through the NIC), decompress, apply or hold; with `pull` (a timeout), wait for
         the partition's next version and carry it back as ack["pull"] (see `pull`). The ack
         carries this server's spans so far, so a run that dies keeps the servers' timeline too.
@@ -169,6 +190,8 @@ class ShardActor:
         st = self.parts[part]
         nbytes = int(grad.nbytes * self.factor)
         copies: list[tuple[float, int]] = []
+        if self.latest is not None:  # on receipt: ps-async's peers apply it as theirs (async_peers)
+            self._keep(part, worker, grad, loss, samples)
         if worker == self.local_worker:
             delivered = t0
         else:
@@ -230,6 +253,86 @@ class ShardActor:
             sleep_until(departure)  # on the wire no earlier than it leaves: receivers see departure order
         return params, version, waited, departure, st.epoch, copies
 
+    # ---- ps-async's emulated peers (testbed.ps.async_peers)
+    def _keep(self, part: int, worker: int, grad: np.ndarray, loss: float, samples: int) -> None:
+        assert self.latest is not None
+        with self.latest_cv:
+            self.latest[(worker, part)] = (grad, loss, samples)
+            self.latest_cv.notify_all()
+
+    def peer_push(self, entries: list[Entry], timeout: float) -> None:
+        """Copies of emulated peers to play: each reaches the ingress at its departure.
+        `timeout`: how long a copy may wait for its owner's first gradient to reach this process."""
+        self.peer_timeout = timeout
+        with self.peer_cv:
+            for e in entries:
+                heapq.heappush(self.peer_queue, (e[4], self.ties.random(), 0, e))
+            if self.peer_thread is None:
+                self.peer_thread = threading.Thread(target=self._peer_loop, name="peers", daemon=True)
+                self.peer_thread.start()
+            self.peer_cv.notify_all()
+
+    def peer_notices(self, timeout: float, gather: float) -> list[Notice]:
+        """What the peer thread did since the last call: waits up to `timeout` for the first
+        notice, then `gather` seconds more, so that one call carries those that follow it."""
+        with self.outbox_cv:
+            self.outbox_cv.wait_for(lambda: self.outbox or self.peer_error is not None, timeout)
+        if self.outbox and gather > 0:
+            time.sleep(gather)
+        with self.outbox_cv:
+            if self.peer_error is not None:
+                raise RuntimeError(f"parameter server {self.rank}: its emulated peers failed: "
+                                   f"{type(self.peer_error).__name__}: {self.peer_error}")
+            out, self.outbox = self.outbox, []
+        return out
+
+    def _peer_loop(self) -> None:
+        """Play the queue in time order: a copy is queued on the ingress at its departure (kind
+        0) and applied at its delivery (kind 1). Acting after an event's time is lateness, counted
+        from the event's time or from the last act, whichever is later (as `Endpoint.delivery`)."""
+        try:
+            while True:
+                with self.peer_cv:
+                    while not self.peer_queue or self.peer_queue[0][0] > time.time():
+                        self.peer_cv.wait(None if not self.peer_queue else self.peer_queue[0][0] - time.time())
+                    t, tie, kind, e = heapq.heappop(self.peer_queue)
+                now = time.time()
+                if now > max(t, self._peer_clock):
+                    self.peer_late_s += now - max(t, self._peer_clock)
+                self._peer_clock = now
+                if kind == 0:
+                    due = self.endpoint.delivery(self.logical[e[0]], e[4], timed=False)
+                    with self.peer_cv:
+                        heapq.heappush(self.peer_queue, (due, tie, 1, e))
+                else:
+                    note = self._apply_copy(e, t)
+                    with self.outbox_cv:
+                        self.outbox.append(note)
+                        self.outbox_cv.notify_all()
+        except BaseException as exc:  # noqa: BLE001 -- handed to the driver by peer_notices
+            with self.outbox_cv:
+                self.peer_error = exc
+                self.outbox_cv.notify_all()
+
+    def _apply_copy(self, e: Entry, delivered: float) -> Notice:
+        """Apply peer e's copy: its owner's newest gradient of the partition, as the peer's push."""
+        part, x, q, c, _, read = e
+        assert self.latest is not None
+        with self.latest_cv:  # the owner's first push may still be on its way (Ray, not the model)
+            if not self.latest_cv.wait_for(lambda: (q, part) in self.latest, self.peer_timeout):
+                raise TimeoutError(f"worker {q}'s gradient of partition {part} never came")
+            grad, loss, samples = self.latest[(q, part)]
+        st = self.parts[part]
+        ack = st.push(grad, read, x, c, loss, st.epoch, delivered)
+        if "update" in ack and self.every and ack["update"]["version"] % self.every == 0:
+            st.save(self._path(part, ack["update"]["version"]))
+        # the reply is queued at the copy's delivery, its emulated time, however late this thread
+        # got to it (that lateness is counted, `peer_late_s`, and moves no emulated time)
+        departure = self.endpoint.send(self.logical[part], at=delivered)
+        return Notice(part, x, c, ack["status"], ack.get("version_applied"), ack.get("staleness"), st.version,
+                      departure if departure is not None else delivered, loss, samples,
+                      ack.get("update") if part == 0 else None)
+
     def version(self) -> int:
         return min((st.version for st in self.parts.values()), default=0)
 
@@ -262,6 +365,6 @@ class ShardActor:
     def stats(self) -> dict[str, Any]:
         states = list(self.parts.values())
         return {"busy_s": sum(st.busy_s for st in states), "bytes_in": self.endpoint.bytes_in,
-                "late_s": self.endpoint.late_s,
+                "late_s": self.endpoint.late_s + self.peer_late_s,
                 "bytes_out": self.endpoint.bytes_out, "version": self.version(),
                 "wall_s": time.time() - self.t_created}

@@ -104,15 +104,22 @@ class PSSpec(StrategySpec):
         return None  # pushes and pulls are actor calls
 
     def cannot_emulate_peers(self, cfg: RunConfig) -> str | None:
-        """ps-sync plays emulated peers (testbed.emulation.peers): a real worker pushes for its segment,
-        and the servers, real, queue every copy. Asynchronous updates would need a gradient per
-        peer per version, backup workers a peer's own lateness, colocated servers a peer's NIC."""
-        if not self.sync:
-            return "has no emulated peers (each asynchronous update is one worker's gradient); use ps-sync"
+        """ps-sync plays emulated peers (testbed.emulation.peers): a real worker pushes for its
+        segment, and the servers, real, queue every copy. ps-async's peers run timelines of their
+        own, played by the driver (testbed.ps.async_peers), at the compute the config says: the
+        synthetic workload's, free-running (a staleness bound would need every peer's pulls).
+        Backup workers would need a peer's own lateness, colocated servers a peer's NIC, and
+        compression a copy's own residual."""
         if cfg.ps.placement != "dedicated" or cfg.ps.backup_workers or cfg.compression.kind != "none":
             return (f"plays emulated peers with dedicated servers, no backup workers, uncompressed (got "
                     f"--ps-placement {cfg.ps.placement}, --backup-workers {cfg.ps.backup_workers}, "
                     f"--compression {cfg.compression.kind})")
+        if not self.sync and cfg.workload.real_compute:
+            return (f"plays emulated peers with the synthetic workload, whose compute --compute-ms says (a "
+                    f"peer's iterations are its own; {cfg.workload.name}'s compute is measured as it runs)")
+        if not self.sync and cfg.ps.staleness_bound is not None:
+            return (f"plays emulated peers free-running, without --staleness-bound (got "
+                    f"{cfg.ps.staleness_bound}: every peer would pull at each start)")
         return None
 
     def messages_per_step(self, cfg: RunConfig) -> int | None:

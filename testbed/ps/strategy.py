@@ -12,6 +12,9 @@ Parameters are cut into partitions dealt round-robin to S servers (`testbed.ps.p
 versioned on its own. Records of partition 0 stand for the model update sequence (every partition
 sees the same pushes); staleness is the largest over a worker's partitions. With
 `--ps-placement colocated` server i sits in worker i's placement bundle and shares its NIC.
+ps-async's emulated peers (`--real-workers K < N`) are the driver's to play: it waits on the
+servers' notices beside its workers' iterations and applies its rule to a peer's iteration when
+its end comes (testbed.ps.player, testbed.ps.async_peers).
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed.analysis.records import Recorder, UpdateRecord
+from testbed.analysis.records import Recorder, StepRecord, UpdateRecord
 from testbed.config import ConfigError
 from testbed.emulation.faults import NonFiniteGradient, RestartsExhausted, ServerLost
+from testbed.ps.async_peers import Done
 from testbed.ps.partition import partition
+from testbed.ps.player import PeerPlayer
 from testbed.ps.schedule import Schedule
 from testbed.ps.server import ShardActor
 from testbed.ps.shard import push_staleness
@@ -57,6 +62,9 @@ class ParameterServer(Strategy):
         self.parts = partition(params.size, self.grad_bytes, cfg.ps.partition_mb, s)
         self.eval_every = cfg.eval.interval(cfg.steps)  # servers keep those versions for evaluation
         self.colocated = self.spec.colocated_servers(cfg)
+        # ps-async's emulated peers have timelines of their own, which the driver plays
+        # (testbed.ps.async_peers); ps-sync's ride their owners' pushes (testbed.emulation.peers)
+        self.plays_peers = not self.sync and cfg.real_workers < n
         # a colocated server shares its worker's NIC: a small file on their machine (emulation)
         self.nics = ([nic_file(self.run_id, i) if cfg.network.emulated else None for i in range(s)]
                      if self.colocated else [None] * s)
@@ -78,7 +86,7 @@ class ParameterServer(Strategy):
                 checkpoint_every=cfg.faults.checkpoint_every, faults=cfg.faults.fail.items,
                 compression=cfg.compression, nic=self.nics[i], local_worker=i if self.colocated else None,
                 optimizer=optimizer_for(cfg.workload), snapshot_every=self.eval_every, sync=self.sync, workers=n, backup=cfg.ps.backup_workers,
-                max_updates=cfg.steps, on_nan=cfg.faults.on_nan)
+                max_updates=cfg.steps, on_nan=cfg.faults.on_nan, keep_latest=self.plays_peers)
             for i in range(s)
         ]
         # parameters by a call, not in the constructor: a restarted server loads its checkpoint.
@@ -90,12 +98,15 @@ class ParameterServer(Strategy):
         # first iteration (an incast whose order would be this machine's timing, and ps-async's
         # measure, the iterations' mean, counts it); ps-sync's first step still pulls
         self._wire(range(cfg.real_workers), None if self.sync else ray.put(params))
+        self.player = (PeerPlayer(cfg, self.shards, self.parts, [int((hi - lo) * 4 * factor) for lo, hi in self.parts.bounds])
+                       if self.plays_peers else None)
 
     def _wire(self, ranks: Any, initial: Any = None) -> None:
         """Connect workers to the servers; at the start, `initial` hands them the servers' version 0
         (a restarted worker pulls what is current instead)."""
         t = self.config.cluster.timeout_s
-        remote.get([self.workers[r].connect.remote(self.shards, self.parts, self.colocated, initial) for r in ranks],
+        remote.get([self.workers[r].connect.remote(self.shards, self.parts, self.colocated, initial,
+                                                   plays_peers=not self.plays_peers) for r in ranks],
                    t, "PS wiring")
 
     def run(self, recorder: Recorder) -> None:
@@ -116,6 +127,9 @@ class ParameterServer(Strategy):
         # model) does, not as this driver's calls happen to reach them (their spread would be
         # cluster time too); a call that comes later counts its delay as lateness
         start_at: float | None = time.time() + START_S + START_PER_WORKER_S * cfg.real_workers
+        player = self.player
+        if player is not None:
+            player.start_all(start_at)  # every emulated peer's first iteration, at the common start
         while True:
             recorded = self._next_version - 1 + len(self._pending_updates)
             if recorded < cfg.steps:
@@ -123,7 +137,7 @@ class ParameterServer(Strategy):
                 # asynchronous: every worker's first iteration, then only while the iterations in
                 # flight may still be among the --steps updates (one begun beyond them would only be
                 # refused, and whether it begins would hang on which iterations end first)
-                room = cfg.steps - recorded - len(self.inflight)
+                room = cfg.steps - recorded - len(self.inflight) - (player.running if player else 0)
                 for w in self.sched.startable(busy):
                     if not self.sync and self.sched.next_iter[w] > 0:
                         if room <= 0:
@@ -132,14 +146,24 @@ class ParameterServer(Strategy):
                     ref = self.workers[w].iteration.remote(self.sched.next_iter[w], self.sched.min_version[w],
                                                            self.epoch, pull_after=self.pull_after, start_at=start_at)
                     self.inflight[ref] = (w, self.epoch, time.time())
+                if player is not None:
+                    player.start_held(room, time.time())
                 start_at = None
-            if not self.inflight and not self.reviving:
+            if not self.inflight and not self.reviving and not (player and player.running):
                 break
-            ready, _ = ray.wait([*self.inflight, *self.reviving], num_returns=1,
-                                timeout=remote.startup_timeout(cfg.cluster.timeout_s) if not self.inflight
-                                else cfg.cluster.timeout_s)
+            ready = self._wait(player, remote.startup_timeout(cfg.cluster.timeout_s) if not self.inflight
+                               else cfg.cluster.timeout_s)
+            if player is not None:
+                for done in player.ended():
+                    self._record_peer(recorder, done)
+            if ready is None:
+                continue  # an emulated peer's iteration ended
             if not ready:
                 self._recover(recorder, "RemoteTimeout")
+                continue
+            if player is not None and ready[0] in player.polls:
+                if not player.take(ready[0]):  # no copy applied within --timeout
+                    self._recover(recorder, "RemoteTimeout")
                 continue
             if ready[0] in self.reviving:
                 self._revived(recorder, ready[0])
@@ -154,7 +178,39 @@ class ParameterServer(Strategy):
                 continue  # begun before a rollback: void, the worker starts again
             held = self.sched.finished(w, info["versions"][0])
             self._record(recorder, w, self.sched.next_iter[w] - 1, info, held)
+        if player is not None:
+            player.finish()
         recorder.events_from(remote.drain_events([*self.workers, *self.shards], cfg.cluster.timeout_s))
+
+    def _wait(self, player: PeerPlayer | None, timeout: float) -> list[Any] | None:
+        """The next of the workers' iterations, restarts and (with emulated peers) the servers'
+        notices to answer, within `timeout`: [] if none did; None where an emulated peer's
+        iteration ends first (the driver then applies its rule to it)."""
+        refs = [*self.inflight, *self.reviving, *(player.polls if player else ())]
+        due = player.next_due() if player else None
+        if due is not None and due - time.time() < timeout:
+            timeout = max(0.0, due - time.time())
+            if not refs:
+                time.sleep(timeout)
+                return None
+            ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+            return ready or None
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        return ready
+
+    def _record_peer(self, recorder: Recorder, d: Done) -> None:
+        """An emulated peer's iteration (testbed.ps.async_peers): a step row of its own, and the
+        update its push of partition 0 made, counted as a real worker's is, when it ends."""
+        recorder.step(StepRecord(
+            run_id=self.run_id, strategy=self.name, worker=d.position, iteration=d.iteration,
+            version_read=d.version_read, version_applied=d.version_applied, t_start=d.t_start,
+            compute_s=d.compute_s, comm_s=d.comm_s, wait_s=0.0, bytes_sent=d.bytes_sent,
+            bytes_recv=d.bytes_recv, samples=d.samples, loss=d.loss,
+            staleness=None if d.version_applied is None else d.version_applied - d.version_read,
+            injected_delay_s=d.injected_s, emulated=True))
+        if d.update is not None and d.update["version"] >= self._next_version:
+            self._pending_updates[d.update["version"]] = d.update
+            self._emit_updates(recorder)
 
     def _fail_or_recover(self, recorder: Recorder, exc: BaseException, w: int, t_submit: float) -> None:
         """Recover from deaths and hangs (of a worker, or of a shard it was talking to); any

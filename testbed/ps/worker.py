@@ -64,10 +64,14 @@ class PSWorker(WorkerBase):
         return {"bytes_in": self.endpoint.bytes_in, "bytes_out": self.endpoint.bytes_out}
 
     def connect(self, servers: list[Any], parts: Partitioning, colocated: bool = False,
-                initial: np.ndarray | None = None) -> None:
+                initial: np.ndarray | None = None, plays_peers: bool = True) -> None:
         """Wire to the servers (server `rank` is on this machine when they are colocated); `initial`:
-        their version 0, which the first iteration computes on without pulling it."""
+        their version 0, which the first iteration computes on without pulling it. Not
+        `plays_peers`: the driver plays this worker's emulated peers (ps-async,
+        testbed.ps.async_peers), and its pushes are its own alone."""
         self.servers, self.parts = servers, parts
+        if not plays_peers:
+            self.segment = 0
         self.local = self.rank if colocated and self.rank < parts.servers else None
         # pulled params, versions, epoch
         self.held: tuple[np.ndarray, list[int], int] | None = (
@@ -119,7 +123,7 @@ class PSWorker(WorkerBase):
         self.peers_receive(self.part_bytes, [r[5] for r in replies])
 
     def _push(self, grad: np.ndarray, versions: list[int], iteration: int, loss: float, epoch: int,
-              pull: float | None, peers: list[list[float]]) -> tuple[list[Any], int]:
+              pull: float | None, peers: list[list[float]], samples: int = 0) -> tuple[list[Any], int]:
         """Queue every partition on the egress at once (a FIFO NIC queue: what a colocated server
         sends meanwhile goes behind them), then hand each to Ray at its departure -- a message is
         not on the wire before it leaves, so servers see pushes in departure order -- taking
@@ -142,7 +146,7 @@ class PSWorker(WorkerBase):
             if departure is not None:
                 last = max(last, self._collect(calls, acks, lambda a: a.get("pull"), timeout, departure))
             ref = self.servers[self.parts.server_of[p]].push.remote(
-                p, payload, versions[p], self.rank, iteration, loss, departure, epoch, pull, peers[p])
+                p, payload, versions[p], self.rank, iteration, loss, departure, epoch, pull, peers[p], samples)
             calls[ref] = p
         sleep_until(max(last, self._collect(calls, acks, lambda a: a.get("pull"), timeout)))
         return acks, sent
@@ -175,7 +179,7 @@ class PSWorker(WorkerBase):
         t_pushing = time.time()
         peers = self.peers_send(self.part_bytes, t_pushing - t_pulled, iteration)
         acks, sent = self._push(grad, versions, iteration, info["loss"], epoch, timeout if pull_after else None,
-                                peers)
+                                peers, info["samples"])
         # a redone iteration whose first push counted: that push's read is the iteration's
         versions = [a.get("version_read", v) for a, v in zip(acks, versions, strict=True)]
         if self.dies_once_sent:  # --fail sent:worker=R,at=I: the servers have it, the driver never hears

@@ -122,3 +122,51 @@ def test_emulated_peers_push_through_the_servers_nics_and_a_straggling_one_holds
                                rtol=1e-9)
     assert s["step_time_p50_s"] >= 0.3
     assert (steps["injected_delay_s"] == 0).all()  # neither real worker straggled
+
+
+def test_async_emulated_peers_run_iterations_of_their_own():
+    """ps-async, 8 workers of which 0 and 4 are real (testbed.ps.async_peers): every position has
+    rows of its own, the peers' marked `emulated`; the driver's rule counts them as workers (12
+    updates are 12 iterations, every one applied, the first 8 begun together); each push crossed
+    the servers' NICs both ways; samples count each row once; and emulated worker 5's 300 ms delay
+    is its own rows' alone."""
+    base = {"strategy": "ps-async", "workers": 8, "steps": 12, "network.bandwidth": "10Gbit",
+            "workload.compute_ms": 10.0, "ps.shards": 2, "ps.partition_mb": 0.004, "cluster.real_workers": 2}
+    out = run_strategy(make_config(**base, straggler="fixed:worker=5,delay=300ms"))
+    steps, s = out["steps"], out["summary"]
+    assert s["real_workers"] == 2 and s["ps_partitions"] == 3
+    assert sorted(steps["worker"].unique()) == list(range(8))
+    assert (steps["emulated"] == ~steps["worker"].isin([0, 4])).all()
+    assert len(steps) == 12 and steps["version_applied"].notna().all()
+    assert list(out["updates"]["version"]) == list(range(1, 13))
+    assert (steps["staleness"] >= 0).all() and (steps.loc[steps["iteration"] == 0, "version_read"] == 0).all()
+    k = s["grad_bytes_logical"]
+    np.testing.assert_allclose(sum(s["server_ingress_bytes_per_step"]), k, rtol=1e-6)  # 12 pushes, 12 updates
+    np.testing.assert_allclose(sum(s["server_egress_bytes_per_step"]), k, rtol=1e-6)  # a reply each
+    np.testing.assert_allclose(s["samples_per_s"], steps["samples"].sum() / s["train_wall_s"], rtol=1e-9)
+    delayed = steps["worker"] == 5
+    np.testing.assert_allclose(steps.loc[delayed, "injected_delay_s"], 0.3, rtol=1e-9)
+    assert (steps.loc[~delayed, "injected_delay_s"] == 0).all()
+    assert (steps.loc[steps["emulated"], "compute_s"] == 0.01).all()  # the configured compute, not measured
+
+
+def test_an_async_emulated_peer_applies_its_owners_gradient():
+    """Two workers, worker 1 emulated, two updates on two servers: both first iterations compute on
+    version 0, and the peer's push is its owner's gradient, so every partition ends at version 0
+    stepped twice by worker 0's iteration-0 gradient (the order of the two cannot matter)."""
+    from dataclasses import replace
+
+    from testbed.training.optim import Optimizer, optimizer_for
+    from testbed.workloads import make_workload
+
+    cfg = make_config(strategy="ps-async", workers=2, steps=2, **{"network.bandwidth": "10Gbit", "ps.shards": 2,
+                                                                  "ps.partition_mb": 0.004, "cluster.real_workers": 1})
+    out = run_strategy(cfg)
+    model = make_workload(replace(cfg.workload, compute_ms=0.0), seed=cfg.seed, workers=cfg.workers)
+    params, opt = model.get_params(), Optimizer(optimizer_for(cfg.workload))
+    g0 = np.asarray(model.gradient(model.batch(0, 0))[0], dtype=np.float32)
+    opt.step(params, g0)
+    opt.step(params, g0)
+    np.testing.assert_allclose(out["flat"], params, rtol=1e-6, atol=1e-7)
+    rows = out["steps"].sort_values("worker")
+    assert list(rows["worker"]) == [0, 1] and list(rows["emulated"]) == [False, True]

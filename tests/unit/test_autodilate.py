@@ -45,7 +45,7 @@ def test_it_gives_up_with_one_real_worker_or_where_there_are_no_emulated_peers(t
     assert [k for _, k in seen] == [16, 8, 4, 2, 1] and cfg.real_workers == 1
     assert "buys no larger factor" in result
     execute, seen = trials_where(faithful_at_most=0)
-    _search(config(strategy="ps-async"), tmp_path, time.monotonic(), execute)
+    _search(config(strategy="ps-async", **{"ps.staleness_bound": 1}), tmp_path, time.monotonic(), execute)
     assert seen == [(1.0, 64)]
     assert fewer_real_workers(config(**{"cluster.real_workers": 64, "ring.algorithm": "halving-doubling"})) is None
 

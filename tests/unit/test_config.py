@@ -181,7 +181,10 @@ BAD = [
     ("real-workers-above", {**EMULATED_RING, "cluster.real_workers": 9}, "--real-workers", 9),
     ("real-workers-real-network", {**EMULATED_RING, "network.bandwidth": None, "cluster.real_workers": 2},
      "--real-workers", 2),
-    ("real-workers-ps-async", {**EMULATED_RING, "strategy": "ps-async", "cluster.real_workers": 2}, "--real-workers", 2),
+    ("real-workers-ps-async-ssp", {**EMULATED_RING, "strategy": "ps-async", "ps.staleness_bound": 1,
+                                  "cluster.real_workers": 2}, "--real-workers", 2),
+    ("real-workers-ps-async-model", {**EMULATED_RING, "strategy": "ps-async", "workload.name": "mlp",
+                                    "cluster.real_workers": 2}, "--real-workers", 2),
     ("real-workers-ps-colocated", {**EMULATED_RING, "strategy": "ps-sync", "ps.placement": "colocated",
                                    "cluster.real_workers": 2}, "--real-workers", 2),
     ("real-workers-ps-backup", {**EMULATED_RING, "strategy": "ps-sync", "ps.backup_workers": 1,
@@ -278,7 +281,9 @@ def test_real_workers_auto_keeps_every_worker_real_up_to_16_and_plays_peers_beyo
     assert real(workers=17) == real(workers=32) == real(workers=1024) == 16
     assert real(workers=64, **{"network.bandwidth": None}) == 64  # no emulated network: all real
     assert real(workers=64, strategy="ps-sync") == real(workers=64, strategy="mapreduce") == 16
-    assert real(workers=64, strategy="ps-async") == 64  # no emulated peers there: all real
+    assert real(workers=64, strategy="ps-async") == 16  # its peers' timelines: testbed.ps.async_peers
+    assert real(workers=64, strategy="ps-async", **{"ps.staleness_bound": 1}) == 64  # SSP: all real
+    assert real(workers=64, strategy="ps-async", **{"workload.name": "mlp"}) == 64  # a real model's compute
     assert real(workers=64, strategy="gossip") == 16
     assert real(workers=64, strategy="gossip", **{"gossip.asynchronous": True}) == 64
     assert real(workers=64, strategy="ps-sync", **{"ps.placement": "colocated"}) == 64
