@@ -48,6 +48,10 @@ from testbed.ps.shard import ShardState
 from testbed.runtime.worker import restarted
 from testbed.training.compressor import Compressor
 
+# beside emulated peers, how long after its departure a message is queued on the ingress at most
+# (`ShardActor._settle`): far more than a Ray call takes to reach the server here (about 1 ms)
+SETTLE_S = 0.02
+
 
 class ShardActor:
     """Ray shell around one ShardState per partition this server holds (`testbed.ps.partition`):
@@ -192,6 +196,9 @@ class ShardActor:
         copies: list[tuple[float, int]] = []
         if self.latest is not None:  # on receipt: ps-async's peers apply it as theirs (async_peers)
             self._keep(part, worker, grad, loss, samples)
+            if departure is not None and worker != self.local_worker:
+                return self._push_beside_peers(part, grad, version_read, worker, iteration, loss, departure,
+                                               epoch, pull, t0)
         if worker == self.local_worker:
             delivered = t0
         else:
@@ -261,16 +268,71 @@ class ShardActor:
             self.latest_cv.notify_all()
 
     def peer_push(self, entries: list[Entry], timeout: float) -> None:
-        """Copies of emulated peers to play: each reaches the ingress at its departure.
-        `timeout`: how long a copy may wait for its owner's first gradient to reach this process."""
+        """Copies of emulated peers to play: each reaches the ingress at its departure (after the
+        settle window, `_settled`). `timeout`: how long a copy may wait for its owner's first
+        gradient to reach this process."""
         self.peer_timeout = timeout
         with self.peer_cv:
             for e in entries:
-                heapq.heappush(self.peer_queue, (e[4], self.ties.random(), 0, e))
-            if self.peer_thread is None:
-                self.peer_thread = threading.Thread(target=self._peer_loop, name="peers", daemon=True)
-                self.peer_thread.start()
+                heapq.heappush(self.peer_queue, (e[4] + self._settle(self.logical[e[0]]), self.ties.random(), 0, e))
+            self._peer_thread()
             self.peer_cv.notify_all()
+
+    def _peer_thread(self) -> None:
+        """Start the peer thread (under peer_cv) unless it runs."""
+        if self.peer_thread is None:
+            self.peer_thread = threading.Thread(target=self._peer_loop, name="peers", daemon=True)
+            self.peer_thread.start()
+
+    def _settle(self, nbytes: int) -> float:
+        """How long after its departure a message of `nbytes` is queued on the ingress, beside
+        emulated peers: long enough for a real push that left at the same instant to have reached
+        this process (a Ray call, about a millisecond here), no longer than the latency and the
+        message's transfer (its earliest delivery), and at most SETTLE_S."""
+        if self.endpoint.nic is None:
+            return 0.0
+        link = self.endpoint.nic.link
+        return min(SETTLE_S, link.latency + link.transfer_s(nbytes))
+
+    def _push_beside_peers(self, part: int, grad: np.ndarray, version_read: int, worker: int, iteration: int,
+                           loss: float, departure: float, epoch: int, pull: float | None, t0: float) -> dict[str, Any]:
+        """A real worker's push where emulated peers push too (ps-async, testbed.ps.async_peers):
+        the peer thread plays it as it plays their copies -- queued on the ingress in departure
+        order, a settle window after its departure, in a random order among those that left at
+        the same instant; applied at its delivery; its reply queued on the egress there -- so
+        that one thread, in emulated time order, orders every message through this server's NIC.
+        Otherwise the real workers would not land at random among the copies that left with
+        them, as the cost model draws it (testbed.ps.flow), but in an order of this machine's: a
+        push queued on arrival comes a Ray call after every copy that left with it, and a reply
+        queued by the push's own thread goes ahead of the copies' replies while the peer thread
+        is behind. Either skews the mean iteration: a worker always last, or always first, at
+        every server ends its iterations unlike the model's workers, each of whose partitions
+        lands at a place of its own."""
+        if self.faults.due(self.parts[part].version) == "kill":
+            os._exit(1)  # injected server death, about to apply this version
+        nbytes = int(grad.nbytes * self.factor)
+        slot: dict[str, Any] = {"event": threading.Event(), "arrived": t0, "nbytes": nbytes,
+                                "push": (part, grad, version_read, worker, iteration, loss, epoch, pull is not None)}
+        with self.peer_cv:
+            heapq.heappush(self.peer_queue, (departure + self._settle(nbytes), self.ties.random(), 2,
+                                             (part, worker, -1, iteration, departure, slot)))
+            self._peer_thread()
+            self.peer_cv.notify_all()
+        if not slot["event"].wait(self.peer_timeout):
+            raise TimeoutError(f"parameter server {self.rank}: worker {worker}'s push of partition {part} "
+                               f"was never applied")
+        if "error" in slot:
+            raise RuntimeError(f"parameter server {self.rank}: its peer thread failed: {slot['error']}")
+        self._span("recv", t0, slot["delivered"])
+        ack = slot["ack"]
+        if "update" in ack:
+            self._span("apply", slot["delivered"], slot["applied"])
+        if "reply" in slot:
+            params, version, reply = slot["reply"]
+            sleep_until(reply)  # on the wire no earlier than it leaves
+            ack["pull"] = (params, version, 0.0, reply, self.parts[part].epoch, [])
+        ack["events"] = self.drain_events()
+        return ack
 
     def peer_notices(self, timeout: float, gather: float) -> list[Notice]:
         """What the peer thread did since the last call: waits up to `timeout` for the first
@@ -300,7 +362,14 @@ class ShardActor:
                 if now > max(t, self._peer_clock):
                     self.peer_late_s += now - max(t, self._peer_clock)
                 self._peer_clock = now
-                if kind == 0:
+                if kind == 2:  # a real push reaches the ingress (its lateness is its arrival's)
+                    slot = e[5]
+                    due = self.endpoint.delivery(slot["nbytes"], e[4], slot["arrived"])
+                    with self.peer_cv:
+                        heapq.heappush(self.peer_queue, (due, tie, 3, e))
+                elif kind == 3:
+                    self._apply_real(e[5], t)
+                elif kind == 0:
                     due = self.endpoint.delivery(self.logical[e[0]], e[4], timed=False)
                     with self.peer_cv:
                         heapq.heappush(self.peer_queue, (due, tie, 1, e))
@@ -313,6 +382,26 @@ class ShardActor:
             with self.outbox_cv:
                 self.peer_error = exc
                 self.outbox_cv.notify_all()
+            with self.peer_cv:  # real pushes waiting for the thread: they fail, not hang
+                for *_, kind, e in self.peer_queue:
+                    if kind in (2, 3):
+                        e[5]["error"] = f"{type(exc).__name__}: {exc}"
+                        e[5]["event"].set()
+
+    def _apply_real(self, slot: dict[str, Any], delivered: float) -> None:
+        """A real worker's push, at its delivery (`_push_beside_peers`): apply it and, where it
+        asks for one, queue its reply with the newest parameters."""
+        part, grad, version_read, worker, iteration, loss, epoch, reply = slot["push"]
+        st = self.parts[part]
+        ack = st.push(grad, version_read, worker, iteration, loss, epoch, delivered)
+        slot["applied"] = time.time()
+        if "update" in ack and self.every and ack["update"]["version"] % self.every == 0:
+            st.save(self._path(part, ack["update"]["version"]))
+        if reply and ack["status"] != "stale-epoch":
+            params, version, _ = st.pull(0, self.peer_timeout, epoch)
+            slot["reply"] = (params, version, self.endpoint.send(self.logical[part], at=delivered))
+        slot["ack"], slot["delivered"] = ack, delivered
+        slot["event"].set()
 
     def _apply_copy(self, e: Entry, delivered: float) -> Notice:
         """Apply peer e's copy: its owner's newest gradient of the partition, as the peer's push."""

@@ -70,6 +70,9 @@ class PSWorker(WorkerBase):
         `plays_peers`: the driver plays this worker's emulated peers (ps-async,
         testbed.ps.async_peers), and its pushes are its own alone."""
         self.servers, self.parts = servers, parts
+        # beside the driver's emulated peers the servers queue every message in departure order
+        # themselves (testbed.ps.server, `_push_beside_peers`): pushes go to Ray at once
+        self.handed_early = not plays_peers
         if not plays_peers:
             self.segment = 0
         self.local = self.rank if colocated and self.rank < parts.servers else None
@@ -127,7 +130,9 @@ class PSWorker(WorkerBase):
         """Queue every partition on the egress at once (a FIFO NIC queue: what a colocated server
         sends meanwhile goes behind them), then hand each to Ray at its departure -- a message is
         not on the wire before it leaves, so servers see pushes in departure order -- taking
-        replies meanwhile."""
+        replies meanwhile. Beside the driver's emulated peers all go at once: the servers queue
+        them by their departures themselves, and a push handed over at its departure reached
+        them a Ray call after the copies that left with it (`handed_early`)."""
         timeout = self.barrier_s
         payloads = [self.outgoing(grad, lo, hi) for lo, hi in self.parts.bounds]
         departures: list[float | None] = []
@@ -143,7 +148,7 @@ class PSWorker(WorkerBase):
         acks: list[Any] = [None] * self.parts.count
         last = 0.0
         for p, (payload, departure) in enumerate(zip(payloads, departures, strict=True)):
-            if departure is not None:
+            if departure is not None and not self.handed_early:
                 last = max(last, self._collect(calls, acks, lambda a: a.get("pull"), timeout, departure))
             ref = self.servers[self.parts.server_of[p]].push.remote(
                 p, payload, versions[p], self.rank, iteration, loss, departure, epoch, pull, peers[p], samples)
