@@ -104,7 +104,7 @@ class ShardActor:
         # the peers' copies to play (a heap of timed events) and what was done with them
         self.latest: dict[tuple[int, int], tuple[np.ndarray, float, int]] | None = {} if keep_latest else None
         self.latest_cv = threading.Condition()
-        self.peer_queue: list[tuple[float, float, int, Entry]] = []
+        self.peer_queue: list[tuple[float, float, int, Any]] = []  # (time, tie, kind, what), `_peer_loop`
         self.peer_cv = threading.Condition()
         self.peer_thread: threading.Thread | None = None
         self.peer_error: BaseException | None = None
@@ -268,8 +268,8 @@ class ShardActor:
             self.latest_cv.notify_all()
 
     def peer_push(self, entries: list[Entry], timeout: float) -> None:
-        """Copies of emulated peers to play: each reaches the ingress at its departure (after the
-        settle window, `_settled`). `timeout`: how long a copy may wait for its owner's first
+        """Copies of emulated peers to play: each reaches the ingress at its departure (a settle
+        window after it, `_settle`). `timeout`: how long a copy may wait for its owner's first
         gradient to reach this process."""
         self.peer_timeout = timeout
         with self.peer_cv:
@@ -349,9 +349,10 @@ class ShardActor:
         return out
 
     def _peer_loop(self) -> None:
-        """Play the queue in time order: a copy is queued on the ingress at its departure (kind
-        0) and applied at its delivery (kind 1). Acting after an event's time is lateness, counted
-        from the event's time or from the last act, whichever is later (as `Endpoint.delivery`)."""
+        """Play the queue in time order: a peer's copy is queued on the ingress (kind 0) and
+        applied at its delivery (kind 1), a real push likewise (kinds 2 and 3,
+        `_push_beside_peers`). Acting after an event's time is lateness, counted from the event's
+        time or from the last act, whichever is later (as `Endpoint.delivery`)."""
         try:
             while True:
                 with self.peer_cv:
