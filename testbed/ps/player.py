@@ -44,6 +44,7 @@ class PeerPlayer:
         self.waiting = [0] * len(shards)  # copies each server has not answered yet
         self.pushes: list[Any] = []
         self.free_at: dict[int, float] = {}  # an idle peer: when its last iteration ended
+        self.fresh: set[int] = set()  # idle peers whose iteration ended since the rule was last applied
 
     @property
     def running(self) -> int:
@@ -54,10 +55,15 @@ class PeerPlayer:
         self._push([self.peers.start(x, t0) for x in self.peers.positions])
 
     def start_held(self, room: int, now: float) -> int:
-        """Start up to `room` idle peers (the driver's rule); each from its own end, or now if it
-        was held past that. Returns how many started."""
+        """Start up to `room` idle peers (the driver's rule). One whose iteration ended since the
+        last call starts where it ended, in the model (the driver learns of an end a batch of
+        notices later, and a peer started then would push less often than the model's workers:
+        measured, 0.953x the model's communication at N = 64 with one real worker over 200
+        updates); one the rule held starts now, when room came. Returns how many started."""
         xs = self.peers.take_held(room)
-        self._push([self.peers.start(x, max(self.free_at.pop(x), now)) for x in xs])
+        self._push([self.peers.start(x, self.free_at.pop(x) if x in self.fresh else max(self.free_at.pop(x), now))
+                    for x in xs])
+        self.fresh.clear()  # the rest wait for room
         return len(xs)
 
     def _push(self, started: list[dict[int, list[Entry]]]) -> None:
@@ -94,6 +100,7 @@ class PeerPlayer:
         done = self.peers.ended((time.time() if now is None else now) + self.gather)
         for d in done:
             self.free_at[d.position] = d.t_end
+            self.fresh.add(d.position)
         return done
 
     def finish(self) -> None:
