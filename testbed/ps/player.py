@@ -57,9 +57,9 @@ class PeerPlayer:
     def start_held(self, room: int, now: float) -> int:
         """Start up to `room` idle peers (the driver's rule). One whose iteration ended since the
         last call starts where it ended, in the model (the driver learns of an end a batch of
-        notices later, and a peer started then would push less often than the model's workers:
-        measured, 0.953x the model's communication at N = 64 with one real worker over 200
-        updates); one the rule held starts now, when room came. Returns how many started."""
+        notices later, and a peer started then would push less often than the model's workers,
+        so that a run of several rounds would measure below the model); one the rule held
+        starts now, when room came. Returns how many started."""
         xs = self.peers.take_held(room)
         self._push([self.peers.start(x, self.free_at.pop(x) if x in self.fresh else max(self.free_at.pop(x), now))
                     for x in xs])
