@@ -106,7 +106,7 @@ def step_record(run_id: str, strategy: str, worker: int, iteration: int, report:
         samples=int(report["samples"]), loss=float(report["loss"]),
         staleness=None if version_applied is None else version_applied - version_read,
         injected_delay_s=report["injected_delay_s"], late_s=float(report.get("late_s", 0.0)),
-        peers_lag_s=float(report.get("peers_lag_s", 0.0)))
+        peers_lag_s=float(report.get("peers_lag_s", 0.0)), emulated=bool(report.get("emulated", False)))
 
 
 class Recorder:

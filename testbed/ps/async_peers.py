@@ -107,6 +107,12 @@ class Done:
     bytes_recv: int
     update: dict[str, Any] | None  # partition 0's update record, where this push made one
 
+    def report(self) -> dict[str, Any]:
+        """The iteration as a worker's report (testbed.analysis.records.step_record), marked emulated."""
+        return {"t_start": self.t_start, "compute_s": self.compute_s, "comm_s": self.comm_s,
+                "bytes_sent": self.bytes_sent, "bytes_recv": self.bytes_recv, "samples": self.samples,
+                "loss": self.loss, "injected_delay_s": self.injected_s, "emulated": True}
+
 
 class AsyncPeers:
     """Every emulated peer's timeline (see the module docstring). `compute(x, c)`: peer x's

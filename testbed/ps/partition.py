@@ -46,6 +46,11 @@ class Partitioning:
         """The partitions server s holds, in push order."""
         return [p for p, owner in enumerate(self.server_of) if owner == s]
 
+    def logical_bytes(self, factor: float) -> list[int]:
+        """Each partition's bytes on the wire: its float32 elements times the workload's logical
+        factor (logical bytes per physical byte)."""
+        return [int((hi - lo) * 4 * factor) for lo, hi in self.bounds]
+
 
 def partition_count(logical_bytes: float, partition_mb: float, servers: int, numel: int) -> int:
     """M = max(S, ceil(K / P)), at most numel; S when P = 0 (partitioning off)."""

@@ -27,7 +27,7 @@ from testbed.runtime import remote
 
 
 class PeerPlayer:
-    def __init__(self, cfg: RunConfig, shards: list[Any], parts: Partitioning, part_bytes: list[int]) -> None:
+    def __init__(self, cfg: RunConfig, shards: list[Any], parts: Partitioning, logical_factor: float) -> None:
         assert cfg.network.wire is not None, "emulated peers need an emulated network (validation says so)"
         link = LinkSpec(*cfg.network.wire)
         d = cfg.network.factor
@@ -37,7 +37,8 @@ class PeerPlayer:
         def compute_of(x: int, c: int) -> tuple[float, float]:
             return compute, (stragglers.factor(x) - 1.0) * compute + stragglers.additive(x, c) * d
 
-        self.peers = AsyncPeers(cfg.workers, cfg.real_workers, part_bytes, parts.server_of, link, compute_of)
+        self.peers = AsyncPeers(cfg.workers, cfg.real_workers, parts.logical_bytes(logical_factor), parts.server_of,
+                                link, compute_of)
         self.shards, self.timeout = shards, cfg.cluster.timeout_s
         self.gather = max(0.002, 0.25 * (compute + link.latency))
         self.polls: dict[Any, int] = {}  # open peer_notices call -> its server

@@ -21,15 +21,13 @@ its reply. A version's mean sums N gradients in position order, the owner's once
 positions, so the run equals one process stepping the owner-weighted mean
 (testbed.workloads.reference). ps-async's peers have timelines of their own, played by the driver
 (testbed.ps.async_peers): a server keeps every real worker's newest gradient of each partition,
-and a thread of its own takes the peers' copies at their departures, applies each at its
-delivery and queues its reply, as for a real push; `peer_notices` hands the driver what it did.
+and a thread of its own (testbed.ps.peer_play) plays the peers' copies and the real pushes in
+order of emulated time; `peer_notices` hands the driver what it did with the copies.
 """
 
 from __future__ import annotations
 
-import heapq
 import os
-import random
 import threading
 import time
 from collections.abc import Sequence
@@ -44,13 +42,10 @@ from testbed.emulation.endpoint import Endpoint
 from testbed.emulation.faults import FaultPlan
 from testbed.emulation.network import sleep_until
 from testbed.ps.async_peers import Entry, Notice
+from testbed.ps.peer_play import PeerPlay
 from testbed.ps.shard import ShardState
 from testbed.runtime.worker import restarted
 from testbed.training.compressor import Compressor
-
-# beside emulated peers, how long after its departure a message is queued on the ingress at most
-# (`ShardActor._settle`): far more than a Ray call takes to reach the server here (about 1 ms)
-SETTLE_S = 0.02
 
 
 class ShardActor:
@@ -100,20 +95,9 @@ class ShardActor:
         self.lost = False
         self.events: list[tuple[str, str, float, float]] = []
         self._events_lock = threading.Lock()
-        # ps-async's emulated peers (testbed.ps.async_peers): the real workers' newest gradients,
-        # the peers' copies to play (a heap of timed events) and what was done with them
-        self.latest: dict[tuple[int, int], tuple[np.ndarray, float, int]] | None = {} if keep_latest else None
-        self.latest_cv = threading.Condition()
-        self.peer_queue: list[tuple[float, float, int, Any]] = []  # (time, tie, kind, what), `_peer_loop`
-        self.peer_cv = threading.Condition()
-        self.peer_thread: threading.Thread | None = None
-        self.peer_error: BaseException | None = None
-        self.ties = random.Random(rank)  # who lands first among copies that leave together
-        self.outbox: list[Notice] = []
-        self.outbox_cv = threading.Condition()
-        self.peer_late_s = 0.0
-        self.peer_timeout = 60.0
-        self._peer_clock = 0.0  # when the peer thread last acted (lateness is counted from it)
+        # ps-async's emulated peers (testbed.ps.async_peers): every message through the NIC is
+        # played by one thread in order of emulated time (testbed.ps.peer_play)
+        self.play = PeerPlay(self.endpoint, rank, self._apply_copy, self._apply_real) if keep_latest else None
         if again:
             versions = self.checkpoint_versions()
             if versions:
@@ -194,8 +178,8 @@ class ShardActor:
         st = self.parts[part]
         nbytes = int(grad.nbytes * self.factor)
         copies: list[tuple[float, int]] = []
-        if self.latest is not None:  # on receipt: ps-async's peers apply it as theirs (async_peers)
-            self._keep(part, worker, grad, loss, samples)
+        if self.play is not None:  # on receipt: ps-async's peers apply it as theirs (async_peers)
+            self.play.keep(part, worker, grad, loss, samples)
             if departure is not None and worker != self.local_worker:
                 return self._push_beside_peers(part, grad, version_read, worker, iteration, loss, departure,
                                                epoch, pull, t0)
@@ -214,8 +198,7 @@ class ShardActor:
         ack = st.push(grad, version_read, worker, iteration, loss, epoch, delivered, copies)
         if "update" in ack:
             self._span("apply", t1, time.time())
-            if self.every and ack["update"]["version"] % self.every == 0:
-                st.save(self._path(part, ack["update"]["version"]))
+            self._checkpoint(part, ack)
         order = ack.pop("contributors", None)
         if order is not None and pull is not None:
             with self.reply_cv:  # the completing push sends every contributor its reply
@@ -260,69 +243,33 @@ class ShardActor:
             sleep_until(departure)  # on the wire no earlier than it leaves: receivers see departure order
         return params, version, waited, departure, st.epoch, copies
 
-    # ---- ps-async's emulated peers (testbed.ps.async_peers)
-    def _keep(self, part: int, worker: int, grad: np.ndarray, loss: float, samples: int) -> None:
-        assert self.latest is not None
-        with self.latest_cv:
-            self.latest[(worker, part)] = (grad, loss, samples)
-            self.latest_cv.notify_all()
+    def _checkpoint(self, part: int, ack: dict[str, Any]) -> None:
+        """After every --checkpoint-every k-th version of `part` that `ack` says was made."""
+        if "update" in ack and self.every and ack["update"]["version"] % self.every == 0:
+            self.parts[part].save(self._path(part, ack["update"]["version"]))
 
+    # ---- ps-async's emulated peers (testbed.ps.async_peers, played by testbed.ps.peer_play)
     def peer_push(self, entries: list[Entry], timeout: float) -> None:
-        """Copies of emulated peers to play: each reaches the ingress at its departure (a settle
-        window after it, `_settle`). `timeout`: how long a copy may wait for its owner's first
-        gradient to reach this process."""
-        self.peer_timeout = timeout
-        with self.peer_cv:
-            for e in entries:
-                heapq.heappush(self.peer_queue, (e[4] + self._settle(self.logical[e[0]]), self.ties.random(), 0, e))
-            self._peer_thread()
-            self.peer_cv.notify_all()
+        """Copies of emulated peers to play, each from its departure. `timeout`: how long a copy
+        may wait for its owner's first gradient to reach this process."""
+        assert self.play is not None
+        self.play.copies([(self.logical[e[0]], e) for e in entries], timeout)
 
-    def _peer_thread(self) -> None:
-        """Start the peer thread (under peer_cv) unless it runs."""
-        if self.peer_thread is None:
-            self.peer_thread = threading.Thread(target=self._peer_loop, name="peers", daemon=True)
-            self.peer_thread.start()
-
-    def _settle(self, nbytes: int) -> float:
-        """How long after its departure a message of `nbytes` is queued on the ingress, beside
-        emulated peers: long enough for a real push that left at the same instant to have reached
-        this process (a Ray call, about a millisecond here), no longer than the latency and the
-        message's transfer (its earliest delivery), and at most SETTLE_S."""
-        if self.endpoint.nic is None:
-            return 0.0
-        link = self.endpoint.nic.link
-        return min(SETTLE_S, link.latency + link.transfer_s(nbytes))
+    def peer_notices(self, timeout: float, gather: float) -> list[Notice]:
+        """What was done with the copies since the last call (`PeerPlay.notices`)."""
+        assert self.play is not None
+        return self.play.notices(timeout, gather)
 
     def _push_beside_peers(self, part: int, grad: np.ndarray, version_read: int, worker: int, iteration: int,
                            loss: float, departure: float, epoch: int, pull: float | None, t0: float) -> dict[str, Any]:
-        """A real worker's push where emulated peers push too (ps-async, testbed.ps.async_peers):
-        the peer thread plays it as it plays their copies -- queued on the ingress in departure
-        order, a settle window after its departure, in a random order among those that left at
-        the same instant; applied at its delivery; its reply queued on the egress there -- so
-        that one thread, in emulated time order, orders every message through this server's NIC.
-        Otherwise the real workers would not land at random among the copies that left with
-        them, as the cost model draws it (testbed.ps.flow), but in an order of this machine's: a
-        push queued on arrival comes a Ray call after every copy that left with it, and a reply
-        queued by the push's own thread goes ahead of the copies' replies while the peer thread
-        is behind. Either skews the mean iteration: a worker always last, or always first, at
-        every server ends its iterations unlike the model's workers, each of whose partitions
-        lands at a place of its own."""
+        """A real worker's push where emulated peers push too: played with their copies, in order
+        of emulated time (testbed.ps.peer_play says why), applied at its delivery by
+        `_apply_real`, its reply queued on the egress there."""
+        assert self.play is not None
         if self.faults.due(self.parts[part].version) == "kill":
             os._exit(1)  # injected server death, about to apply this version
-        nbytes = int(grad.nbytes * self.factor)
-        slot: dict[str, Any] = {"event": threading.Event(), "arrived": t0, "nbytes": nbytes,
-                                "push": (part, grad, version_read, worker, iteration, loss, epoch, pull is not None)}
-        with self.peer_cv:
-            heapq.heappush(self.peer_queue, (departure + self._settle(nbytes), self.ties.random(), 2,
-                                             (part, worker, -1, iteration, departure, slot)))
-            self._peer_thread()
-            self.peer_cv.notify_all()
-        if not slot["event"].wait(self.peer_timeout):
-            raise TimeoutError(f"parameter server {self.rank}: worker {worker}'s push of partition {part} "
-                               f"was never applied")
-        if "error" in slot:
-            raise RuntimeError(f"parameter server {self.rank}: its peer thread failed: {slot['error']}")
+        slot = self.play.real(int(grad.nbytes * self.factor), departure, t0,
+                              (part, grad, version_read, worker, iteration, loss, epoch, pull is not None))
         self._span("recv", t0, slot["delivered"])
         ack = slot["ack"]
         if "update" in ack:
@@ -334,90 +281,30 @@ class ShardActor:
         ack["events"] = self.drain_events()
         return ack
 
-    def peer_notices(self, timeout: float, gather: float) -> list[Notice]:
-        """What the peer thread did since the last call: waits up to `timeout` for the first
-        notice, then `gather` seconds more, so that one call carries those that follow it."""
-        with self.outbox_cv:
-            self.outbox_cv.wait_for(lambda: self.outbox or self.peer_error is not None, timeout)
-        if self.outbox and gather > 0:
-            time.sleep(gather)
-        with self.outbox_cv:
-            if self.peer_error is not None:
-                raise RuntimeError(f"parameter server {self.rank}: its emulated peers failed: "
-                                   f"{type(self.peer_error).__name__}: {self.peer_error}")
-            out, self.outbox = self.outbox, []
-        return out
-
-    def _peer_loop(self) -> None:
-        """Play the queue in time order: a peer's copy is queued on the ingress (kind 0) and
-        applied at its delivery (kind 1), a real push likewise (kinds 2 and 3,
-        `_push_beside_peers`). Acting after an event's time is lateness, counted from the event's
-        time or from the last act, whichever is later (as `Endpoint.delivery`)."""
-        try:
-            while True:
-                with self.peer_cv:
-                    while not self.peer_queue or self.peer_queue[0][0] > time.time():
-                        self.peer_cv.wait(None if not self.peer_queue else self.peer_queue[0][0] - time.time())
-                    t, tie, kind, e = heapq.heappop(self.peer_queue)
-                now = time.time()
-                if now > max(t, self._peer_clock):
-                    self.peer_late_s += now - max(t, self._peer_clock)
-                self._peer_clock = now
-                if kind == 2:  # a real push reaches the ingress (its lateness is its arrival's)
-                    slot = e[5]
-                    due = self.endpoint.delivery(slot["nbytes"], e[4], slot["arrived"])
-                    with self.peer_cv:
-                        heapq.heappush(self.peer_queue, (due, tie, 3, e))
-                elif kind == 3:
-                    self._apply_real(e[5], t)
-                elif kind == 0:
-                    due = self.endpoint.delivery(self.logical[e[0]], e[4], timed=False)
-                    with self.peer_cv:
-                        heapq.heappush(self.peer_queue, (due, tie, 1, e))
-                else:
-                    note = self._apply_copy(e, t)
-                    with self.outbox_cv:
-                        self.outbox.append(note)
-                        self.outbox_cv.notify_all()
-        except BaseException as exc:  # noqa: BLE001 -- handed to the driver by peer_notices
-            with self.outbox_cv:
-                self.peer_error = exc
-                self.outbox_cv.notify_all()
-            with self.peer_cv:  # real pushes waiting for the thread: they fail, not hang
-                for *_, kind, e in self.peer_queue:
-                    if kind in (2, 3):
-                        e[5]["error"] = f"{type(exc).__name__}: {exc}"
-                        e[5]["event"].set()
-
     def _apply_real(self, slot: dict[str, Any], delivered: float) -> None:
         """A real worker's push, at its delivery (`_push_beside_peers`): apply it and, where it
         asks for one, queue its reply with the newest parameters."""
+        assert self.play is not None
         part, grad, version_read, worker, iteration, loss, epoch, reply = slot["push"]
         st = self.parts[part]
         ack = st.push(grad, version_read, worker, iteration, loss, epoch, delivered)
         slot["applied"] = time.time()
-        if "update" in ack and self.every and ack["update"]["version"] % self.every == 0:
-            st.save(self._path(part, ack["update"]["version"]))
+        self._checkpoint(part, ack)
         if reply and ack["status"] != "stale-epoch":
-            params, version, _ = st.pull(0, self.peer_timeout, epoch)
+            params, version, _ = st.pull(0, self.play.timeout, epoch)
             slot["reply"] = (params, version, self.endpoint.send(self.logical[part], at=delivered))
         slot["ack"], slot["delivered"] = ack, delivered
-        slot["event"].set()
 
     def _apply_copy(self, e: Entry, delivered: float) -> Notice:
         """Apply peer e's copy: its owner's newest gradient of the partition, as the peer's push."""
+        assert self.play is not None
         part, x, q, c, _, read = e
-        assert self.latest is not None
-        with self.latest_cv:  # the owner's first push may still be on its way (Ray, not the model)
-            if not self.latest_cv.wait_for(lambda: (q, part) in self.latest, self.peer_timeout):
-                raise TimeoutError(f"worker {q}'s gradient of partition {part} never came")
-            grad, loss, samples = self.latest[(q, part)]
+        grad, loss, samples = self.play.newest(q, part)
         st = self.parts[part]
         ack = st.push(grad, read, x, c, loss, st.epoch, delivered)
-        if "update" in ack and self.every and ack["update"]["version"] % self.every == 0:
-            st.save(self._path(part, ack["update"]["version"]))
-        # the reply is queued at the copy's delivery, its emulated time, however late this thread
-        # got to it (that lateness is counted, `peer_late_s`, and moves no emulated time)
+        self._checkpoint(part, ack)
+        # the reply is queued at the copy's delivery, its emulated time, however late the thread
+        # got to it (that lateness is counted, `PeerPlay.late_s`, and moves no emulated time)
         departure = self.endpoint.send(self.logical[part], at=delivered)
         return Notice(part, x, c, ack["status"], ack.get("version_applied"), ack.get("staleness"), st.version,
                       departure if departure is not None else delivered, loss, samples,
@@ -455,6 +342,6 @@ class ShardActor:
     def stats(self) -> dict[str, Any]:
         states = list(self.parts.values())
         return {"busy_s": sum(st.busy_s for st in states), "bytes_in": self.endpoint.bytes_in,
-                "late_s": self.endpoint.late_s + self.peer_late_s,
+                "late_s": self.endpoint.late_s + (self.play.late_s if self.play is not None else 0.0),
                 "bytes_out": self.endpoint.bytes_out, "version": self.version(),
                 "wall_s": time.time() - self.t_created}

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from testbed.analysis.records import Recorder, StepRecord, UpdateRecord
+from testbed.analysis.records import Recorder, UpdateRecord
 from testbed.config import ConfigError
 from testbed.emulation.faults import NonFiniteGradient, RestartsExhausted, ServerLost
 from testbed.ps.async_peers import Done
@@ -98,8 +98,7 @@ class ParameterServer(Strategy):
         # first iteration (an incast whose order would be this machine's timing, and ps-async's
         # measure, the iterations' mean, counts it); ps-sync's first step still pulls
         self._wire(range(cfg.real_workers), None if self.sync else ray.put(params))
-        self.player = (PeerPlayer(cfg, self.shards, self.parts, [int((hi - lo) * 4 * factor) for lo, hi in self.parts.bounds])
-                       if self.plays_peers else None)
+        self.player = PeerPlayer(cfg, self.shards, self.parts, factor) if self.plays_peers else None
 
     def _wire(self, ranks: Any, initial: Any = None) -> None:
         """Connect workers to the servers; at the start, `initial` hands them the servers' version 0
@@ -201,13 +200,8 @@ class ParameterServer(Strategy):
     def _record_peer(self, recorder: Recorder, d: Done) -> None:
         """An emulated peer's iteration (testbed.ps.async_peers): a step row of its own, and the
         update its push of partition 0 made, counted as a real worker's is, when it ends."""
-        recorder.step(StepRecord(
-            run_id=self.run_id, strategy=self.name, worker=d.position, iteration=d.iteration,
-            version_read=d.version_read, version_applied=d.version_applied, t_start=d.t_start,
-            compute_s=d.compute_s, comm_s=d.comm_s, wait_s=0.0, bytes_sent=d.bytes_sent,
-            bytes_recv=d.bytes_recv, samples=d.samples, loss=d.loss,
-            staleness=None if d.version_applied is None else d.version_applied - d.version_read,
-            injected_delay_s=d.injected_s, emulated=True))
+        self.record(recorder, d.position, d.iteration, d.report(), version_read=d.version_read,
+                    version_applied=d.version_applied, wait_s=0.0)
         if d.update is not None and d.update["version"] >= self._next_version:
             self._pending_updates[d.update["version"]] = d.update
             self._emit_updates(recorder)

@@ -79,7 +79,7 @@ class PSWorker(WorkerBase):
         # pulled params, versions, epoch
         self.held: tuple[np.ndarray, list[int], int] | None = (
             None if initial is None else (np.array(initial, copy=True), [0] * parts.count, 0))
-        self.part_bytes = [self._bytes(p) for p in range(parts.count)]  # logical, on the wire
+        self.part_bytes = parts.logical_bytes(self.logical_factor)  # logical, on the wire
 
     @property
     def barrier_s(self) -> float:
@@ -87,10 +87,6 @@ class PSWorker(WorkerBase):
         restarted, so a restart's allowance, not --timeout (the driver tells a hung or dead actor
         from a waiting one by its liveness checks every --timeout, and a rollback ends the wait)."""
         return startup_timeout(self.config.cluster.timeout_s)
-
-    def _bytes(self, p: int) -> int:
-        lo, hi = self.parts.bounds[p]
-        return int((hi - lo) * 4 * self.logical_factor)
 
     def _collect(self, calls: dict[Any, int], out: list[Any], reply: Any, timeout: float,
                  until: float | None = None) -> float:
@@ -109,7 +105,7 @@ class PSWorker(WorkerBase):
             out[p] = ray.get(done[0])
             got = reply(out[p])
             if got is not None and self.parts.server_of[p] != self.local:
-                last = max(last, self.endpoint.delivery(self._bytes(p), got[3]))
+                last = max(last, self.endpoint.delivery(self.part_bytes[p], got[3]))
         return last
 
     def _pull(self, min_version: int, epoch: int, timeout: float) -> tuple[list[Any], float]:
