@@ -51,11 +51,13 @@ def network_link(spec: Any, cfg: RunConfig, nodes: int) -> tuple[tuple[float, fl
                 "--latency) or measure this one (python -m testbed.bench network --out FILE, then "
                 "--calibration FILE) for the cost model's time")
     cal = load_calibration(net.calibration)
-    path = spec.message_path(cfg)
-    if path not in cal.links:
-        return (f"calibration {net.calibration} has no '{path}' path (this run's messages take it; "
-                f"it holds {', '.join(sorted(cal.links))}); measure it with python -m testbed.bench network")
-    link, said = cal.link(path, across=nodes > 1)
+    path, across = spec.message_path(cfg), nodes > 1
+    if path not in cal.links and not (across and path in cal.inter_links):
+        held = sorted(cal.links) + [f"{p} across nodes" for p in sorted(cal.inter_links)]
+        return (f"calibration {net.calibration} has no fit of the '{path}' path "
+                f"{'across nodes or on one node' if across else 'on one node'} (this run's messages take it; "
+                f"it holds {', '.join(held) or 'none'}); measure it again with python -m testbed.bench network")
+    link, said = cal.link(path, across=across)
     return (link.alpha_s, link.bandwidth_Bps), said
 
 

@@ -93,14 +93,15 @@ def load_calibration(path: str) -> Calibration:
     if not isinstance(data, dict) or data.get("kind") != KIND or data.get("schema_version") != SCHEMA_VERSION:
         raise ValueError(f"not a calibration file of schema {SCHEMA_VERSION}; measure one with {MEASURE}")
     links = _links(data.get("paths"))
-    if not links:
-        raise ValueError(f"it holds no measured path; measure one with {MEASURE}")
     inter = data.get("inter_node") or {}
     if not isinstance(inter, dict):
         raise ValueError(f"inter_node is not an object; measure the file again with {MEASURE}")
+    inter_links = _links(inter.get("paths"))
+    if not links and not inter_links:  # a path whose times fit no line is kept aside, unfitted
+        raise ValueError(f"it holds no fitted path; measure one with {MEASURE}")
     prov = data.get("provenance")
     return Calibration(path=str(path), links=links, scope=str(data.get("scope", "unknown")),
-                       inter_links=_links(inter.get("paths")), inter_scope=str(inter.get("scope", "across nodes")),
+                       inter_links=inter_links, inter_scope=str(inter.get("scope", "across nodes")),
                        provenance=prov if isinstance(prov, dict) else {})
 
 

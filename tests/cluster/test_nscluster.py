@@ -150,11 +150,14 @@ def test_a_calibration_across_nodes_predicts_a_run_that_spans_them(cluster, tmp_
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(cal.read_text())
     assert doc["scope"] == "same node" and doc["inter_node"]["scope"].startswith("across nodes")
-    # the links between namespaces here are not always a line (README): a path whose medians fit
-    # none is kept aside, and a run over it is predicted with the same-node fit and says so
-    fitted = doc["inter_node"]["paths"]
+    # the links between namespaces here are not always a line (README), nor is one node's path
+    # when the machine is busy: a path whose medians fit none is kept aside (unfitted), and a run
+    # over it is predicted with whichever fit there is, or says which one is missing
+    fitted, same = doc["inter_node"]["paths"], doc["paths"]
     assert set(fitted) | set(doc["inter_node"].get("unfitted", {})) == {"call", "channel"}
-    strategy, path = ("ps-sync", "call") if "call" in fitted else ("ring", "channel")
+    assert set(same) | set(doc.get("unfitted", {})) == {"call", "channel"}
+    choices = [("ps-sync", "call"), ("ring", "channel")]
+    strategy, path = next((c for c in choices if c[1] in fitted), next((c for c in choices if c[1] in same), choices[0]))
     done = drive("testbed.run", "--strategy", strategy, "--workers", "3", "--placement", "spread",
                  "--steps", "6", "--workload", "synthetic", "--grad-mb", "4", "--compute-ms", "0",
                  "--calibration", str(cal), "--address", cluster["address"], "--quiet", "--out", str(tmp_path / "run"))
@@ -165,15 +168,17 @@ def test_a_calibration_across_nodes_predicts_a_run_that_spans_them(cluster, tmp_
     spec = SPECS[strategy]
     if path in fitted:
         link = fitted[path]
-        assert "across nodes" in s["prediction_source"]
+        assert "across nodes" in s.get("prediction_source", ""), s.get("prediction_missing")
+    elif path in same:
+        link = same[path]
+        assert "no inter-node fit of this path" in s.get("prediction_source", ""), s.get("prediction_missing")
     else:
-        link = doc["paths"][path]
-        assert "no inter-node fit of this path" in s["prediction_source"]
+        assert f"no fit of the '{path}' path" in s["prediction_missing"] and "predicted_comm_s" not in s
+        return
     expect = spec.predict(cfg, s, link["alpha_s"], link["bandwidth_Bps"]).comm_s
     assert s["predicted_comm_s"] == pytest.approx(expect, rel=1e-9)
-    same = doc["paths"][path]
-    if path in fitted:  # and the inter-node link is not the same-node one
-        assert expect != pytest.approx(spec.predict(cfg, s, same["alpha_s"], same["bandwidth_Bps"]).comm_s, rel=0.05)
+    if path in fitted and path in same:  # and the inter-node link is not the same-node one
+        assert expect != pytest.approx(spec.predict(cfg, s, same[path]["alpha_s"], same[path]["bandwidth_Bps"]).comm_s, rel=0.05)
     assert s["calibrated_fit"] == pytest.approx(s["comm_s_per_step"] / s["predicted_comm_s"])
 
 

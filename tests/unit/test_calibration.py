@@ -61,10 +61,31 @@ def test_a_run_across_nodes_takes_the_inter_node_link(tmp_path):
         load_calibration(str(path))
 
 
+def test_a_path_fitted_only_across_nodes_predicts_a_run_that_spans_them(tmp_path):
+    """Same-node times that fit no line leave the path out of `paths`; its inter-node fit still
+    gives a run across nodes its model, and a run on one node says which fit is missing."""
+    from dataclasses import replace
+
+    from testbed.analysis.predict import network_link
+
+    doc = calibration_doc({}, "same node", {}, "2026-01-01T00:00:00Z",
+                          inter_node=({"call": {"alpha_s": 1e-3, "bandwidth_Bps": 1e8}}, "across nodes a and b"))
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(doc))
+    cfg = RunConfig(strategy="ps-sync")
+    cfg = replace(cfg, network=replace(cfg.network, calibration=str(path)))
+    spec = SPECS["ps-sync"]
+    (latency, bandwidth), said = network_link(spec, cfg, nodes=3)
+    assert (latency, bandwidth) == (1e-3, 1e8) and said.endswith("across nodes a and b)")
+    missing = network_link(spec, cfg, nodes=1)
+    assert isinstance(missing, str) and "no fit of the 'call' path on one node" in missing
+    assert "call across nodes" in missing
+
+
 @pytest.mark.parametrize(("paths", "over", "needle"), [
     ({"call": {"alpha_s": 1e-3, "bandwidth_Bps": 1e9}}, {"kind": "other"}, "not a calibration file"),
     ({"call": {"alpha_s": 1e-3, "bandwidth_Bps": 1e9}}, {"schema_version": 9}, "not a calibration file"),
-    ({}, {}, "holds no measured path"),
+    ({}, {}, "holds no fitted path"),
     ({"call": {"alpha_s": 1e-3}}, {}, "no numeric alpha_s and bandwidth_Bps"),
     ({"wire": {"alpha_s": 1e-3, "bandwidth_Bps": 1e9}}, {}, "expected one of channel, call, torch"),
     ({"call": {"alpha_s": 1e-3, "bandwidth_Bps": 0}}, {}, "bandwidth > 0"),
