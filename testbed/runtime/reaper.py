@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from contextlib import suppress
 from pathlib import Path
 
@@ -69,6 +70,34 @@ def end_ray_processes() -> None:
     end_processes(ray_descendants(), grace=1.0)
 
 
+def end_ray_processes_after_exit() -> None:
+    """end_ray_processes, by a process of its own once this one has exited (or 5 s later).
+
+    For a process about to leave with a code of its own while ray.init may have connected it:
+    Ray's core worker in this process ends it at once with exit code 1, and nothing on stderr,
+    when it sees its raylet die ("the local Raylet is dead"), so ending the raylet from here
+    races this process's own last line and exit code. The reaper runs in a session of its own
+    (a signal to this process's group does not stop it halfway)."""
+    import subprocess
+
+    pids = ray_descendants()
+    if not pids:
+        return
+    subprocess.Popen([sys.executable, "-m", "testbed.runtime.reaper", str(os.getpid()), *map(str, pids)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True)
+
+
+def _reap_after(parent: int, pids: list[int], wait_s: float = 5.0) -> None:
+    """The reaper process: once `parent` is gone (at most `wait_s` later), end `pids`."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while pid_alive(parent) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    end_processes(dict.fromkeys(pids, ""), grace=1.0)
+
+
 def release_semaphores(raylets: list[int]) -> None:
     """Remove the named semaphores these (stopped) raylets left in /dev/shm."""
     for pid in raylets:
@@ -128,3 +157,7 @@ def pid_alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+if __name__ == "__main__":  # end_ray_processes_after_exit's reaper: PARENT PID...
+    _reap_after(int(sys.argv[1]), [int(p) for p in sys.argv[2:]])

@@ -49,7 +49,7 @@ from testbed.emulation.faults import (
 from testbed.emulation.peers import weights
 from testbed.runtime.cluster import Cluster
 from testbed.runtime.rayprocs import RayMessages, silence_stderr
-from testbed.runtime.reaper import end_ray_processes
+from testbed.runtime.reaper import end_ray_processes, end_ray_processes_after_exit
 from testbed.session.evaluation import Evaluator
 from testbed.session.interrupts import INTERRUPTS, Interrupts
 from testbed.strategies.contract import StrategySpec
@@ -217,14 +217,15 @@ class _Run:
                     pass
 
     def stuck(self) -> None:
-        """Ray could not finish starting after a signal: end its processes and say so (called
-        from the watchdog, which then exits 130). Nothing was measured yet: the run folder comes
-        after Ray, and the watchdog and the end of Ray's start exclude each other."""
+        """Ray could not finish starting after a signal: say so, and have its processes ended
+        once this one has gone (called from the watchdog, which then exits 130). Nothing was
+        measured yet: the run folder comes after Ray, and the watchdog and the end of Ray's
+        start exclude each other."""
         self.ended.set("interrupted", 130, f"interrupted by {self.interrupts.name} while Ray was starting "
                                            f"(it did not finish within {STARTUP_STUCK_S:g} s)")
         stderr = silence_stderr()  # what Ray prints as it is cut off mid-start is not the run's
-        end_ray_processes()
         os.write(stderr, f"testbed.run: error: {self.ended.error}\n".encode())
+        end_ray_processes_after_exit()  # from here, its raylet's end would end this process with code 1
 
     def save(self) -> Outcome:
         """The summary first, whatever arrives now, then the actors and Ray within a bounded time."""
