@@ -146,7 +146,7 @@ def test_a_worker_killed_on_a_non_head_node_is_restarted(cluster, tmp_path):
 def test_a_calibration_across_nodes_predicts_a_run_that_spans_them(cluster, tmp_path):
     cal = tmp_path / "cal.json"
     done = drive("testbed.bench", "network", "--address", cluster["address"], "--paths", "call,channel",
-                 "--sizes", "4KiB,1MiB,4MiB", "--repeats", "3", "--warmup", "1", "--out", str(cal))
+                 "--sizes", "4KiB,256KiB,1MiB", "--repeats", "3", "--warmup", "1", "--out", str(cal))
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(cal.read_text())
     assert doc["scope"] == "same node" and doc["inter_node"]["scope"].startswith("across nodes")
@@ -159,7 +159,7 @@ def test_a_calibration_across_nodes_predicts_a_run_that_spans_them(cluster, tmp_
     choices = [("ps-sync", "call"), ("ring", "channel")]
     strategy, path = next((c for c in choices if c[1] in fitted), next((c for c in choices if c[1] in same), choices[0]))
     done = drive("testbed.run", "--strategy", strategy, "--workers", "3", "--placement", "spread",
-                 "--steps", "6", "--workload", "synthetic", "--grad-mb", "4", "--compute-ms", "0",
+                 "--steps", "6", "--workload", "synthetic", "--grad-mb", "1", "--compute-ms", "0",
                  "--calibration", str(cal), "--address", cluster["address"], "--quiet", "--out", str(tmp_path / "run"))
     assert done.returncode == 0, done.stderr[-2000:]
     (run,) = runs(tmp_path / "run").values()

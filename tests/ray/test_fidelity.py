@@ -180,9 +180,9 @@ def test_auto_dilation_searches_upwards_by_its_rule_and_the_last_trial_is_the_ru
     assert config["network"]["dilation"] == factors[-1] and config["out"] == str(tmp_path / "idle")
     assert s["steps"] == 6
 
-    with _one_core(hogs=16):  # a shorter budget: what is compared is its first trial (D = 1), and
+    with _one_core(hogs=16):  # a short budget: what is compared is its first trial (D = 1), and
         # the hogs take a core from the rest of the suite for as long as the search lasts
-        busy = _auto(tmp_path, "busy", budget_s=20.0).summary
+        busy = _auto(tmp_path, "busy", budget_s=6.0).summary
     _follows_its_rule(busy["dilation_search"])
     assert busy["status"] == "completed" and busy["dilation"] == busy["dilation_search"][-1]["dilation"]
     assert busy["dilation_search_result"].startswith("faithful") == (busy["dilation_search"][-1]["faithful"] is True)

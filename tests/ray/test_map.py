@@ -16,7 +16,7 @@ ARGS = ["--workload", "profile:resnet50", "--workers", "2,4", "--bandwidth", "1G
 
 def test_a_small_map_with_one_checked_cell(tmp_path, monkeypatch):
     monkeypatch.setattr(spotchecks, "REAL_STEP_S", 0.3)  # a short dilated step: the test checks the path, not a timing
-    monkeypatch.setattr(spotchecks, "CHECK_BUDGET_S", 20.0)  # and a short search
+    monkeypatch.setattr(spotchecks, "CHECK_BUDGET_S", 6.0)  # and a short search
     out = tmp_path / "map"
     code = main([*ARGS, "--out", str(out)])
     for name in ("map.parquet", "map.md", "map.png", "map.svg", "checks.jsonl"):
