@@ -21,8 +21,9 @@ What would differ, and so where a run gets fresh processes of its own (`admits`)
   `testbed.sweep`, the benchmarks) installs a pool; a run that starts its own Ray never uses one;
 - pooled processes are outside the run's placement group: on one node that changes nothing a
   run measures, across nodes it would change the placement, so only one-node clusters;
-- an injected fault (`--fail`) kills or stalls a process, and Ray's restart of a pooled one
-  would rebuild an empty host: such runs get their own processes, with their own restarts;
+- an injected fault that kills or stalls a process (`--fail` kill, hang, sent): Ray's restart
+  of a pooled one would rebuild an empty host, so such runs get their own processes, with
+  their own restarts (a NaN gradient, `nan:`, does neither: its runs may be hosted);
 - a CUDA context and its memory would carry over: runs on a GPU get their own processes.
 
 A process is reused only when its run ends with none of its calls still running (`Host.unload`,
@@ -66,8 +67,8 @@ class ProcessPool:
         faults = getattr(config, "faults", None)
         if faults is None:
             return "no run config to judge by"
-        if faults.fail.items:
-            return "the run injects faults (--fail)"
+        if any(f.kind != "nan" for f in faults.fail.items):
+            return "the run injects faults that kill or stall a process (--fail)"
         return None
 
     def take(self, remote_host: Any, threads: int, count: int) -> tuple[list[Any], int]:

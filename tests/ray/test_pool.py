@@ -91,8 +91,11 @@ def test_runs_that_need_processes_of_their_own_say_why():
     cfg = make_config(workers=2)
     ok = SimpleNamespace(started_ray=False, nodes_at_start=1, device="cpu")
     assert pool.ProcessPool.admits(ok, cfg) is None
-    faulty = make_config(workers=2, **{"faults.fail": "worker=1,at=2"})
-    assert "--fail" in pool.ProcessPool.admits(ok, faulty)
+    for spec in ("worker=1,at=2", "hang:worker=1,at=2", "nan:worker=0,at=1;worker=1,at=2"):
+        faulty = make_config(workers=2, **{"faults.fail": spec})
+        assert "kill or stall a process (--fail)" in pool.ProcessPool.admits(ok, faulty), spec
+    poisoned = make_config(workers=2, **{"faults.fail": "nan:worker=1,at=2"})  # no process dies or stalls
+    assert pool.ProcessPool.admits(ok, poisoned) is None
     assert "own Ray" in pool.ProcessPool.admits(SimpleNamespace(**{**vars(ok), "started_ray": True}), cfg)
     assert "nodes" in pool.ProcessPool.admits(SimpleNamespace(**{**vars(ok), "nodes_at_start": 2}), cfg)
     assert "GPU" in pool.ProcessPool.admits(SimpleNamespace(**{**vars(ok), "device": "cuda"}), cfg)
