@@ -23,6 +23,14 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 
+# Bytecode caches on, as Python has them by default, where the environment turned them off
+# (PYTHONDONTWRITEBYTECODE, set in some container images): the suite starts a few hundred
+# processes (Ray's workers, the commands it runs as a user does) that import the same modules,
+# and without caches each compiled testbed's sources (and pytest rewrote every test module) again.
+# Set before pytest-xdist starts its processes and before any Ray, so all of them inherit it.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    sys.dont_write_bytecode = False
+
 
 # The Ray tier's files in two groups. Group "b" holds the reliability batch, which starts with the
 # group's first test and runs beside it (2-core machine, both groups at once: a 240 s, b 212 s);
