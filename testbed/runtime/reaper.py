@@ -73,11 +73,11 @@ def end_ray_processes() -> None:
 def end_ray_processes_after_exit() -> None:
     """end_ray_processes, by a process of its own once this one has exited (or 5 s later).
 
-    For a process about to leave with a code of its own while ray.init may have connected it:
-    Ray's core worker in this process ends it at once with exit code 1, and nothing on stderr,
-    when it sees its raylet die ("the local Raylet is dead"), so ending the raylet from here
-    races this process's own last line and exit code. The reaper runs in a session of its own
-    (a signal to this process's group does not stop it halfway)."""
+    For a process about to leave with a code of its own while ray.init may be connecting it:
+    Ray's core worker in this process can end it with exit code 1 and nothing on stderr when its
+    raylet dies (its "the local Raylet is dead" exit), so ending the raylet from here races this
+    process's own last line and exit code. The reaper runs in a session of its own (a signal to
+    this process's group does not stop it halfway)."""
     import subprocess
 
     pids = ray_descendants()
