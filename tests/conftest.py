@@ -177,7 +177,7 @@ def ray_cluster():
     from testbed.runtime.rayprocs import start_ray, stop_ray
 
     start_ray(None, num_cpus=SESSION_CPUS)
-    pool.install(pool.ProcessPool())  # runs of the suite reuse worker processes (see pool.py)
+    pool.install(pool.ProcessPool(max_idle=POOL_IDLE))  # runs of the suite reuse worker processes (see pool.py)
     yield
     pool.install(None)
     stop_ray()
@@ -191,6 +191,12 @@ def ray_up(ray_cluster):
     if not ray.is_initialized():
         restart_session_ray()
 
+
+# Idle worker processes the session's pool keeps (pool.MAX_IDLE is 16): an idle Ray actor process
+# still costs about 0.75% of a core (Ray's own threads, 40 of them at 16 calls at once), so 16 idle
+# in each of the two test processes held about a quarter of a core through the suite; runs of
+# more workers than this start the rest afresh.
+POOL_IDLE = 8
 
 # Logical CPUs of the session's Ray. Ray keeps as many idle worker processes warm as it has CPUs,
 # and the suite creates and kills a few hundred actors: with 16, most start from a warm process
