@@ -20,6 +20,7 @@ its end comes (testbed.ps.player, testbed.ps.async_peers).
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +66,11 @@ class ParameterServer(Strategy):
         # ps-async's emulated peers have timelines of their own, which the driver plays
         # (testbed.ps.async_peers); ps-sync's ride their owners' pushes (testbed.emulation.peers)
         self.plays_peers = not self.sync and cfg.real_workers < n
-        # a colocated server shares its worker's NIC: a small file on their machine (emulation)
-        self.nics = ([nic_file(self.run_id, i) if cfg.network.emulated else None for i in range(s)]
+        # a colocated server shares its worker's NIC: a small file on their machine (emulation),
+        # this strategy's own (two runs of one id at once, as a test suite's two processes run
+        # them, would otherwise share a NIC, and the first to end would remove the other's)
+        self.nic_tag = f"{self.run_id}-{uuid.uuid4().hex[:8]}"
+        self.nics = ([nic_file(self.nic_tag, i) if cfg.network.emulated else None for i in range(s)]
                      if self.colocated else [None] * s)
         if any(self.nics):
             remote.get([self.workers[i].make_nic.remote(path) for i, path in enumerate(self.nics)], t, "shared NICs")
@@ -383,4 +387,5 @@ class ParameterServer(Strategy):
     def teardown(self) -> None:
         remote.kill_all(getattr(self, "workers", []))
         remote.kill_all(getattr(self, "shards", []))
-        remove_nic_files(self.run_id)
+        if getattr(self, "nic_tag", None):  # (set up far enough to have made any)
+            remove_nic_files(self.nic_tag)
