@@ -181,8 +181,8 @@ class ShardActor:
         if self.play is not None:  # on receipt: ps-async's peers apply it as theirs (async_peers)
             self.play.keep(part, worker, grad, loss, samples)
             if departure is not None and worker != self.local_worker:
-                return self._push_beside_peers(part, grad, version_read, worker, iteration, loss, departure,
-                                               epoch, pull, t0)
+                return self._push_beside_peers(part, grad, nbytes, version_read, worker, iteration, loss,
+                                               departure, epoch, pull, t0)
         if worker == self.local_worker:
             delivered = t0
         else:
@@ -260,15 +260,16 @@ class ShardActor:
         assert self.play is not None
         return self.play.notices(timeout, gather)
 
-    def _push_beside_peers(self, part: int, grad: np.ndarray, version_read: int, worker: int, iteration: int,
-                           loss: float, departure: float, epoch: int, pull: float | None, t0: float) -> dict[str, Any]:
+    def _push_beside_peers(self, part: int, grad: np.ndarray, nbytes: int, version_read: int, worker: int,
+                           iteration: int, loss: float, departure: float, epoch: int, pull: float | None,
+                           t0: float) -> dict[str, Any]:
         """A real worker's push where emulated peers push too: played with their copies, in order
         of emulated time (testbed.ps.peer_play says why), applied at its delivery by
         `_apply_real`, its reply queued on the egress there."""
         assert self.play is not None
         if self.faults.due(self.parts[part].version) == "kill":
             os._exit(1)  # injected server death, about to apply this version
-        slot = self.play.real(int(grad.nbytes * self.factor), departure, t0,
+        slot = self.play.real(nbytes, departure, t0,
                               (part, grad, version_read, worker, iteration, loss, epoch, pull is not None))
         self._span("recv", t0, slot["delivered"])
         ack = slot["ack"]

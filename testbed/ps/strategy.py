@@ -109,7 +109,7 @@ class ParameterServer(Strategy):
         (a restarted worker pulls what is current instead)."""
         t = self.config.cluster.timeout_s
         remote.get([self.workers[r].connect.remote(self.shards, self.parts, self.colocated, initial,
-                                                   plays_peers=not self.plays_peers) for r in ranks],
+                                                   driver_plays_peers=self.plays_peers) for r in ranks],
                    t, "PS wiring")
 
     def run(self, recorder: Recorder) -> None:

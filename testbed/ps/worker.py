@@ -64,16 +64,16 @@ class PSWorker(WorkerBase):
         return {"bytes_in": self.endpoint.bytes_in, "bytes_out": self.endpoint.bytes_out}
 
     def connect(self, servers: list[Any], parts: Partitioning, colocated: bool = False,
-                initial: np.ndarray | None = None, plays_peers: bool = True) -> None:
+                initial: np.ndarray | None = None, driver_plays_peers: bool = False) -> None:
         """Wire to the servers (server `rank` is on this machine when they are colocated); `initial`:
-        their version 0, which the first iteration computes on without pulling it. Not
-        `plays_peers`: the driver plays this worker's emulated peers (ps-async,
+        their version 0, which the first iteration computes on without pulling it.
+        `driver_plays_peers`: the driver plays this worker's emulated peers (ps-async,
         testbed.ps.async_peers), and its pushes are its own alone."""
         self.servers, self.parts = servers, parts
         # beside the driver's emulated peers the servers queue every message in departure order
         # themselves (testbed.ps.server, `_push_beside_peers`): pushes go to Ray at once
-        self.handed_early = not plays_peers
-        if not plays_peers:
+        self.handed_early = driver_plays_peers
+        if driver_plays_peers:
             self.segment = 0
         self.local = self.rank if colocated and self.rank < parts.servers else None
         # pulled params, versions, epoch
